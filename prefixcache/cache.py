@@ -1,0 +1,402 @@
+"""PrefixCache: the public face of the core — match, allocate, insert, release, fork, CoW, pin.
+
+It composes a ``BlockPool`` (reference counts, free list), a ``RadixTree`` (what is cached) and
+an ``EvictionIndex`` (what goes first). Blocks move free -> in use (ref > 0) -> cached (ref 0,
+still in the tree, evictable) -> free; ``free + in_use + cached == num_blocks`` always.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from prefixcache.block_pool import BlockPool
+from prefixcache.cache_invariants import check_cache_invariants
+from prefixcache.errors import CacheFull
+from prefixcache.events import BlockRemoved, BlockStored, CacheEvent
+from prefixcache.eviction_index import EvictionIndex
+from prefixcache.hashing import BlockHasher, chain_block_hashes, xxh3_block_hasher
+from prefixcache.radix_node import RadixNode
+from prefixcache.radix_tree import NamespaceName, PathMatch, RadixTree
+from prefixcache.tokens import TokenIds, as_block_ids, as_token_array, check_block_count, check_salt
+
+EVICTION_POLICIES = ("lru",)
+
+
+class PrefixMatch(NamedTuple):
+    """A cache hit: ``block_ids`` hold the first ``num_tokens`` tokens (full blocks only)."""
+
+    block_ids: list[int]
+    num_tokens: int
+
+
+class CopyOp(NamedTuple):
+    """Copy physical block ``src`` into ``dst`` before the step that writes into ``dst``."""
+
+    src: int
+    dst: int
+
+
+class PrefixCache:
+    """A ref-counted, copy-on-write pool of KV blocks whose full blocks are found again by prefix.
+
+    Every method validates its input and either succeeds or raises with nothing changed.
+    """
+
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int = 16,
+        eviction: str = "lru",
+        model_fingerprint: str = "",
+        enable_events: bool = False,
+        block_hasher: BlockHasher | None = None,
+    ) -> None:
+        if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
+            raise ValueError(f"block_size must be a positive int, got {block_size!r}")
+        if eviction not in EVICTION_POLICIES:
+            raise ValueError(
+                f"unknown eviction policy {eviction!r}; choose from {EVICTION_POLICIES}"
+            )
+        self.block_size = block_size
+        self.eviction = eviction
+        self.pool = BlockPool(num_blocks)
+        self.tree = RadixTree(
+            num_blocks, block_size, block_hasher or xxh3_block_hasher, model_fingerprint
+        )
+        self.index = EvictionIndex()
+        self.enable_events = enable_events
+        self._events: list[CacheEvent] = []
+        self._clock = 0
+        self.query_tokens = 0
+        self.hit_tokens = 0
+        self.evictions = 0
+        self.blocks_stored = 0
+        self.blocks_removed = 0
+
+    @property
+    def num_blocks(self) -> int:
+        return self.pool.num_blocks
+
+    # ------------------------------------------------------------------ prefix lookups
+    def match(
+        self,
+        token_ids: TokenIds,
+        salt: str | None = None,
+        max_tokens: int | None = None,
+        extra_keys: Sequence[Hashable] = (),
+    ) -> PrefixMatch:
+        """Longest cached prefix of ``token_ids[:max_tokens]`` in full blocks.
+
+        Takes one reference on each matched block (release them when done) and refreshes the
+        path's recency. Counts ``query_tokens`` (the whole prompt) and ``hit_tokens``.
+        """
+        tokens = as_token_array(token_ids)
+        path = self._walk(tokens, salt, extra_keys, max_tokens)
+        self.query_tokens += len(tokens)
+        if not path.num_blocks:
+            return PrefixMatch([], 0)
+        ids = path.block_ids()
+        self.pool.acquire_unique(ids)
+        self._clock += 1
+        for node, _ in path.steps:
+            node.last_access = self._clock
+            self._refresh(node)
+        num_tokens = path.num_blocks * self.block_size
+        self.hit_tokens += num_tokens
+        return PrefixMatch(ids.tolist(), num_tokens)
+
+    def lookup(
+        self, token_ids: TokenIds, salt: str | None = None, extra_keys: Sequence[Hashable] = ()
+    ) -> int:
+        """Cached prefix length in tokens; takes no reference, changes nothing."""
+        return (
+            self._walk(as_token_array(token_ids), salt, extra_keys, None).num_blocks
+            * self.block_size
+        )
+
+    def block_hashes(
+        self, token_ids: TokenIds, salt: str | None = None, extra_keys: Sequence[Hashable] = ()
+    ) -> list[int]:
+        """The chained hashes of the full blocks of ``token_ids`` (what events and routers use)."""
+        tokens = as_token_array(token_ids)
+        name = self._namespace(salt, extra_keys)
+        return chain_block_hashes(
+            tokens,
+            self.block_size,
+            0,
+            len(tokens) // self.block_size,
+            self.tree.namespace_hash(name),
+            self.tree.hasher,
+        )
+
+    # ------------------------------------------------------------------ blocks
+    def can_allocate(self, n: int) -> bool:
+        """Whether ``allocate(n)`` would succeed now."""
+        short = check_block_count(n) - self.pool.num_free
+        return short <= 0 or self._evictable_at_least(short)
+
+    def allocate(self, n: int) -> list[int]:
+        """``n`` blocks with ref 1: free ones first, then by evicting cached leaves.
+
+        Raises CacheFull (nothing changed) when free + evictable blocks are fewer than ``n``.
+        """
+        n = check_block_count(n)
+        short = n - self.pool.num_free
+        if short > 0:
+            if not self._evictable_at_least(short):
+                raise CacheFull(
+                    f"cannot allocate {n} blocks: {self.pool.num_free} free, fewer than {short} "
+                    f"more evictable (in use {self.pool.num_in_use} of {self.num_blocks})"
+                )
+            self._evict(short)
+        return self.pool.take_free(n).tolist()
+
+    def insert(
+        self,
+        token_ids: TokenIds,
+        block_ids: Sequence[int] | np.ndarray,
+        salt: str | None = None,
+        priority: int = 0,
+        extra_keys: Sequence[Hashable] = (),
+    ) -> int:
+        """Cache the full blocks of ``token_ids``; ``block_ids[i]`` holds block ``i``.
+
+        A prefix already cached keeps its block (the caller's copy is not cached and keeps its
+        references). Blocks newly cached must be held (ref > 0) and not cached elsewhere.
+        Returns the number of newly cached blocks.
+        """
+        tokens = as_token_array(token_ids)
+        ids = as_block_ids(block_ids, self.num_blocks)
+        if isinstance(priority, bool) or not isinstance(priority, int):
+            raise TypeError(f"priority must be an int, got {type(priority).__name__}")
+        num_full = len(tokens) // self.block_size
+        if len(ids) < num_full:
+            raise ValueError(f"{num_full} full blocks of tokens but only {len(ids)} block ids")
+        name = self._namespace(salt, extra_keys)
+        plan = self.tree.plan_insert(name, tokens, num_full)
+        new_ids = ids[plan.path.num_blocks : num_full]
+        if not plan.blocked:
+            self._check_insertable(new_ids)
+        self._clock += 1
+        for node, _ in plan.path.steps:
+            node.last_access = self._clock
+            node.priority = max(node.priority, priority)
+            self._refresh(node)
+        if plan.blocked or not len(new_ids):
+            return 0
+        _, changed, hashes = self.tree.commit_insert(plan, tokens, new_ids, priority, self._clock)
+        for node in changed:
+            self._refresh(node)
+        self.blocks_stored += len(new_ids)
+        if self.enable_events:
+            parent = None if plan.path.num_blocks == 0 else plan.path.parent_hash
+            first = plan.path.num_blocks * self.block_size
+            block_tokens = tokens[first : num_full * self.block_size].tolist()
+            self._events.append(BlockStored(hashes, parent, block_tokens, self.block_size))
+        return len(new_ids)
+
+    def release(self, block_ids: Sequence[int] | np.ndarray) -> None:
+        """Drop one reference per occurrence of each block (a double free raises ValueError)."""
+        unique, counts = np.unique(as_block_ids(block_ids, self.num_blocks), return_counts=True)
+        refs = self.pool.ref[unique]
+        over = counts > refs
+        if over.any():
+            bad = int(unique[over][0])
+            raise ValueError(
+                f"block {bad} released more times than it is held "
+                f"(ref {int(self.pool.ref[bad])}): double free"
+            )
+        self.pool.add_refs(unique, -counts)
+        self._after_release(unique[counts == refs])
+
+    def fork(self, block_ids: Sequence[int] | np.ndarray) -> None:
+        """One more reference on each block (share a sequence's blocks with a branch)."""
+        unique, counts = np.unique(as_block_ids(block_ids, self.num_blocks), return_counts=True)
+        unheld = self.pool.ref[unique] == 0
+        if unheld.any():
+            raise ValueError(f"cannot fork block {int(unique[unheld][0])}: it is not in use")
+        self.pool.add_refs(unique, counts)
+
+    def copy_on_write(self, block_id: int) -> tuple[int, CopyOp | None]:
+        """Make ``block_id`` safe to write: shared (ref > 1) or cached (immutable) blocks get a
+        new block, the old one loses this reference, and the runner must apply the CopyOp.
+        A block held once and not cached is written in place: ``(block_id, None)``."""
+        (block,) = as_block_ids([block_id], self.num_blocks).tolist()
+        ref = int(self.pool.ref[block])
+        if ref == 0:
+            raise ValueError(f"cannot write block {block}: it is not in use")
+        if ref == 1 and self.tree.node_of[block] < 0:
+            return block, None
+        (new_block,) = self.allocate(1)
+        self.release([block])
+        return new_block, CopyOp(block, new_block)
+
+    # ------------------------------------------------------------------ pinning and reset
+    def pin(
+        self, token_ids: TokenIds, salt: str | None = None, extra_keys: Sequence[Hashable] = ()
+    ) -> int:
+        """Keep the cached prefix of ``token_ids`` from eviction until ``unpin``.
+
+        Returns the pinned length in tokens (0: nothing cached, nothing pinned). Pins count.
+        """
+        path = self._walk(as_token_array(token_ids), salt, extra_keys, None)
+        if not path.num_blocks:
+            return 0
+        node, matched = path.steps[-1]
+        if matched < len(node.block_ids):
+            node = self.tree.split(node, matched)
+        node.pin_count += 1
+        self._refresh(node)
+        return path.num_blocks * self.block_size
+
+    def unpin(
+        self, token_ids: TokenIds, salt: str | None = None, extra_keys: Sequence[Hashable] = ()
+    ) -> None:
+        """Release the deepest pin on the cached path of ``token_ids`` (ValueError if none)."""
+        path = self._walk(as_token_array(token_ids), salt, extra_keys, None)
+        for node, matched in reversed(path.steps):
+            if node.pin_count and matched == len(node.block_ids):
+                node.pin_count -= 1
+                self._refresh(node)
+                return
+        raise ValueError("no pinned prefix of these tokens is cached")
+
+    def reset(self) -> int:
+        """Evict every evictable block (pins and references respected); returns how many."""
+        total = 0
+        while len(self.index):
+            node = self.tree.nodes[self.index.first()[2]]
+            assert node is not None
+            total += self._evict_from(node, len(node.block_ids))
+        return total
+
+    # ------------------------------------------------------------------ observability
+    def stats(self) -> dict[str, Any]:
+        """Counters and usage; ``free + in_use + cached == num_blocks``."""
+        free, in_use = self.pool.num_free, self.pool.num_in_use
+        return {
+            "num_blocks": self.num_blocks,
+            "block_size": self.block_size,
+            "free": free,
+            "in_use": in_use,
+            "cached": self.num_blocks - free - in_use,
+            "cached_blocks_total": self.tree.num_cached,
+            "usage": in_use / self.num_blocks,
+            "query_tokens": self.query_tokens,
+            "hit_tokens": self.hit_tokens,
+            "hit_rate": self.hit_tokens / self.query_tokens if self.query_tokens else 0.0,
+            "evictions": self.evictions,
+            "blocks_stored": self.blocks_stored,
+            "blocks_removed": self.blocks_removed,
+            "nodes": sum(node is not None for node in self.tree.nodes),
+            "pinned_nodes": sum(1 for n in self.tree.nodes if n is not None and n.pin_count),
+        }
+
+    def drain_events(self) -> list[CacheEvent]:
+        """Stored/removed block-hash events since the last drain (empty unless enabled)."""
+        events, self._events = self._events, []
+        return events
+
+    def check_invariants(self) -> None:
+        """Raise AssertionError if any internal invariant is broken."""
+        check_cache_invariants(self)
+
+    # ------------------------------------------------------------------ internals
+    def _namespace(self, salt: str | None, extra_keys: Sequence[Hashable]) -> NamespaceName:
+        check_salt(salt)
+        return (salt, tuple(extra_keys))
+
+    def _walk(
+        self,
+        tokens: np.ndarray,
+        salt: str | None,
+        extra_keys: Sequence[Hashable],
+        max_tokens: int | None,
+    ) -> PathMatch:
+        limit = len(tokens) if max_tokens is None else min(len(tokens), max(0, max_tokens))
+        return self.tree.walk(self._namespace(salt, extra_keys), tokens, limit // self.block_size)
+
+    def _is_evictable(self, node: RadixNode) -> bool:
+        return (
+            node.parent is not None
+            and node.children is None
+            and node.pin_count == 0
+            and len(node.block_ids) > 0
+            and self.pool.ref[node.block_ids[-1]] == 0
+        )
+
+    def _refresh(self, node: RadixNode) -> None:
+        self.index.set_evictable(node, self._is_evictable(node))
+
+    def _check_insertable(self, new_ids: np.ndarray) -> None:
+        if len(np.unique(new_ids)) != len(new_ids):
+            raise ValueError("a block id appears twice among the blocks to cache")
+        unheld = self.pool.ref[new_ids] == 0
+        if unheld.any():
+            raise ValueError(f"block {int(new_ids[unheld][0])} is not in use; allocate it first")
+        cached = self.tree.node_of[new_ids] >= 0
+        if cached.any():
+            raise ValueError(f"block {int(new_ids[cached][0])} already caches another prefix")
+
+    def _after_release(self, zeroed: np.ndarray) -> None:  # zeroed: [n] blocks now at ref 0
+        owners = self.tree.node_of[zeroed]
+        self.pool.put_free(zeroed[owners < 0].astype(np.int32, copy=False))
+        for idx in np.unique(owners[owners >= 0]).tolist():
+            node = self.tree.nodes[idx]
+            assert node is not None
+            self._refresh(node)
+
+    def _reclaimable_tail(self, node: RadixNode) -> int:
+        """How many trailing blocks of ``node`` have no reference."""
+        held = np.flatnonzero(self.pool.ref[node.block_ids])
+        return len(node.block_ids) - (int(held[-1]) + 1 if len(held) else 0)
+
+    def _evictable_at_least(self, need: int) -> bool:
+        """Whether ``need`` blocks can be evicted, peeling leaves virtually (nothing changes)."""
+        found = 0
+        emptied_children: dict[int, int] = {}
+        for _, _, idx in self.index:
+            node = self.tree.nodes[idx]
+            while node is not None:
+                tail = self._reclaimable_tail(node)
+                found += tail
+                if found >= need:
+                    return True
+                parent = node.parent
+                if tail < len(node.block_ids) or parent is None or parent.is_root:
+                    break
+                emptied = emptied_children.get(parent.idx, 0) + 1
+                emptied_children[parent.idx] = emptied
+                if parent.pin_count or emptied < len(parent.children or ()):
+                    break
+                node = parent
+        return False
+
+    def _evict(self, need: int) -> None:
+        """Evict exactly ``need`` blocks in index order (caller checked it is possible)."""
+        while need > 0:
+            node = self.tree.nodes[self.index.first()[2]]
+            assert node is not None
+            need -= self._evict_from(node, need)
+
+    def _evict_from(self, node: RadixNode, limit: int) -> int:
+        """Evict up to ``limit`` unreferenced tail blocks of evictable leaf ``node``."""
+        count = min(self._reclaimable_tail(node), limit)
+        parent = node.parent
+        whole = count == len(node.block_ids)
+        if whole:
+            self.index.set_evictable(node, False)
+        removed = self.tree.remove_tail(node, count)
+        self.pool.put_free(removed)
+        self.evictions += count
+        self.blocks_removed += count
+        if self.enable_events:
+            self._events.append(BlockRemoved([int(h) for h in self.tree.hashes[removed]]))
+        if not whole:
+            self._refresh(node)
+        elif parent is not None and not parent.is_root:
+            self._refresh(parent)
+        return count

@@ -1,0 +1,25 @@
+"""Events a cache-aware router or a second tier consumes: which block hashes came and went."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class BlockStored:
+    """Blocks newly cached, in chain order; ``parent_block_hash`` is None at a namespace root."""
+
+    block_hashes: list[int]
+    parent_block_hash: int | None
+    token_ids: list[int]
+    block_size: int
+
+
+@dataclass(frozen=True)
+class BlockRemoved:
+    """Blocks that left the cache (evicted or reset)."""
+
+    block_hashes: list[int]
+
+
+CacheEvent = BlockStored | BlockRemoved

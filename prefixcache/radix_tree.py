@@ -1,0 +1,272 @@
+"""The path-compressed radix tree of cached blocks, one root per (salt, extra keys) namespace.
+
+The tree owns the per-block tables of cached blocks (token ids, chained hashes, owning node) and
+the node structure. It knows nothing of reference counts or eviction order: the cache decides
+*what* to insert or evict, the tree only keeps the structure exact.
+
+Matching descends by hash (one hash per edge: the child's first block) and then confirms the
+whole edge by comparing token arrays, so a fully cached 32K-token prompt costs one hash and one
+array comparison, and a hash collision can only end a match early.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+from dataclasses import dataclass
+
+import numpy as np
+
+from prefixcache.hashing import BlockHasher, chain_block_hashes, namespace_hash
+from prefixcache.radix_node import EMPTY_BLOCKS, RadixNode
+
+NamespaceName = tuple[str | None, tuple[Hashable, ...]]
+"""(salt, extra keys): requests in different namespaces never share a block."""
+
+
+@dataclass
+class PathMatch:
+    """Where a prompt's full blocks meet the tree.
+
+    ``steps`` lists the nodes on the cached path with how many of their blocks matched (only the
+    last step may match part of its node). ``num_blocks`` is the total matched; ``parent_hash`` is
+    the hash of the last matched block (the namespace hash when nothing matched).
+    """
+
+    steps: list[tuple[RadixNode, int]]
+    num_blocks: int
+    parent_hash: int
+
+    def block_ids(self) -> np.ndarray:  # [num_blocks] int32
+        if len(self.steps) == 1:
+            node, count = self.steps[0]
+            return node.block_ids[:count]
+        if not self.steps:
+            return EMPTY_BLOCKS
+        return np.concatenate([node.block_ids[:count] for node, count in self.steps])
+
+
+@dataclass
+class InsertPlan:
+    """What an insert will do, computed before anything changes so the caller can validate."""
+
+    name: NamespaceName
+    path: PathMatch
+    blocked: bool
+    """A different block with the same hash already sits where the new blocks would go."""
+
+
+class RadixTree:
+    """Per-block tables plus nodes; every cached block belongs to exactly one node."""
+
+    def __init__(
+        self, num_blocks: int, block_size: int, hasher: BlockHasher, model_fingerprint: str
+    ) -> None:
+        self.block_size = block_size
+        self.hasher = hasher
+        self.model_fingerprint = model_fingerprint
+        self.tokens = np.zeros((num_blocks, block_size), dtype=np.int32)  # [num_blocks, block_size]
+        self.hashes = np.zeros(num_blocks, dtype=np.uint64)  # [num_blocks]
+        self.node_of = np.full(
+            num_blocks, -1, dtype=np.int32
+        )  # [num_blocks] node idx, -1 = uncached
+        self.nodes: list[RadixNode | None] = []
+        self._free_node_slots: list[int] = []
+        self.roots: dict[NamespaceName, RadixNode] = {}
+        self._root_names: dict[int, NamespaceName] = {}
+        self.num_cached = 0
+
+    # ------------------------------------------------------------------ lookup
+    def root(self, name: NamespaceName, create: bool = False) -> RadixNode | None:
+        root = self.roots.get(name)
+        if root is None and create:
+            key = namespace_hash(self.model_fingerprint, name[0], name[1])
+            root = self._new_node(None, key, EMPTY_BLOCKS, priority=0, last_access=0)
+            self.roots[name] = root
+            self._root_names[root.idx] = name
+        return root
+
+    def namespace_hash(self, name: NamespaceName) -> int:
+        root = self.roots.get(name)
+        if root is not None:
+            return root.key
+        return namespace_hash(self.model_fingerprint, name[0], name[1])
+
+    def walk(
+        self,
+        name: NamespaceName,
+        tokens: np.ndarray,  # [num_tokens] int32
+        num_blocks: int,
+    ) -> PathMatch:
+        """Match the first ``num_blocks`` full blocks of ``tokens`` against the cached path."""
+        node = self.roots.get(name)
+        if node is None:
+            return PathMatch([], 0, self.namespace_hash(name))
+        bs = self.block_size
+        data = memoryview(tokens).cast("B")
+        block_bytes = bs * 4
+        steps: list[tuple[RadixNode, int]] = []
+        pos = 0
+        parent_hash = node.key
+        while pos < num_blocks and node.children:
+            start = pos * block_bytes
+            child = node.children.get(self.hasher(data[start : start + block_bytes], parent_hash))
+            if child is None:
+                break
+            ids = child.block_ids
+            span = min(len(ids), num_blocks - pos)
+            stored = self.tokens[ids[:span]]  # [span, block_size]
+            query = tokens[pos * bs : (pos + span) * bs].reshape(span, bs)
+            if np.array_equal(stored, query):
+                matched = span
+            else:
+                matched = int((stored != query).any(axis=1).argmax())
+            if matched == 0:
+                break  # hash collision: the tokens differ, so it is a miss
+            steps.append((child, matched))
+            pos += matched
+            parent_hash = int(self.hashes[ids[matched - 1]])
+            if matched < len(ids):
+                break
+            node = child
+        return PathMatch(steps, pos, parent_hash)
+
+    # ------------------------------------------------------------------ insert
+    def plan_insert(self, name: NamespaceName, tokens: np.ndarray, num_blocks: int) -> InsertPlan:
+        """Find where blocks ``path.num_blocks .. num_blocks - 1`` of ``tokens`` would attach."""
+        path = self.walk(name, tokens, num_blocks)
+        blocked = False
+        if path.num_blocks < num_blocks:
+            start = path.num_blocks * self.block_size * 4
+            data = memoryview(tokens).cast("B")[start : start + self.block_size * 4]
+            first_key = self.hasher(data, path.parent_hash)
+            attach = self._attach_point(name, path)
+            if attach is not None:
+                node, at = attach
+                if at is None:
+                    blocked = bool(node.children) and first_key in node.children
+                else:
+                    blocked = first_key == int(self.hashes[node.block_ids[at]])
+        return InsertPlan(name, path, blocked)
+
+    def _attach_point(
+        self, name: NamespaceName, path: PathMatch
+    ) -> tuple[RadixNode, int | None] | None:
+        """(node, None) to attach under node; (node, at) to split node at ``at`` first; None if
+        the namespace has no root yet."""
+        if not path.steps:
+            root = self.roots.get(name)
+            return None if root is None else (root, None)
+        node, matched = path.steps[-1]
+        return (node, None) if matched == len(node.block_ids) else (node, matched)
+
+    def commit_insert(
+        self,
+        plan: InsertPlan,
+        tokens: np.ndarray,  # [num_tokens] int32
+        new_block_ids: np.ndarray,  # [num_new] int32, for blocks path.num_blocks onwards
+        priority: int,
+        clock: int,
+    ) -> tuple[RadixNode, list[RadixNode], list[int]]:
+        """Cache ``new_block_ids`` after the matched path. Returns (node now holding them,
+        nodes whose shape changed, the new blocks' hashes). Caller checked ``not plan.blocked``."""
+        path = plan.path
+        first = path.num_blocks
+        end = first + len(new_block_ids)
+        hashes = chain_block_hashes(
+            tokens, self.block_size, first, end, path.parent_hash, self.hasher
+        )
+        attach = self._attach_point(plan.name, path)
+        changed: list[RadixNode] = []
+        if attach is None:
+            parent = self.root(plan.name, create=True)
+            assert parent is not None
+        else:
+            parent, at = attach
+            if at is not None:
+                parent = self.split(parent, at)
+                changed.append(parent)
+        new_block_ids = new_block_ids.astype(np.int32, copy=False)
+        self.tokens[new_block_ids] = tokens[
+            first * self.block_size : end * self.block_size
+        ].reshape(-1, self.block_size)
+        self.hashes[new_block_ids] = np.array(hashes, dtype=np.uint64)
+        extendable = (
+            not parent.is_root
+            and parent.children is None
+            and parent.pin_count == 0
+            and parent.priority == priority
+        )
+        if extendable:
+            parent.block_ids = np.concatenate([parent.block_ids, new_block_ids])
+            parent.last_access = clock
+            holder = parent
+        else:
+            holder = self._new_node(parent, hashes[0], new_block_ids.copy(), priority, clock)
+            parent.add_child(holder)
+        self.node_of[new_block_ids] = holder.idx
+        self.num_cached += len(new_block_ids)
+        changed.append(holder)
+        return holder, changed, hashes
+
+    def split(self, node: RadixNode, at: int) -> RadixNode:
+        """Cut ``node`` after its first ``at`` blocks; returns the new upper node.
+
+        The existing node object keeps the lower part, so its pins, children and eviction
+        entry stay valid.
+        """
+        assert 0 < at < len(node.block_ids) and node.parent is not None
+        parent = node.parent
+        upper_ids = node.block_ids[:at]
+        upper = self._new_node(parent, node.key, upper_ids, node.priority, node.last_access)
+        parent.remove_child(node)
+        parent.add_child(upper)
+        node.block_ids = node.block_ids[at:]
+        node.key = int(self.hashes[node.block_ids[0]])
+        node.parent = upper
+        upper.add_child(node)
+        self.node_of[upper_ids] = upper.idx
+        return upper
+
+    # ------------------------------------------------------------------ eviction
+    def remove_tail(self, node: RadixNode, count: int) -> np.ndarray:  # [count] int32
+        """Uncache the last ``count`` blocks of leaf ``node``; a node left empty is detached
+        (and a root left empty is dropped). Returns the removed block ids."""
+        assert node.children is None and not node.is_root and 0 < count <= len(node.block_ids)
+        keep = len(node.block_ids) - count
+        removed = node.block_ids[keep:]
+        self.node_of[removed] = -1
+        self.num_cached -= count
+        if keep:
+            node.block_ids = node.block_ids[:keep]
+        else:
+            parent = node.parent
+            assert parent is not None
+            parent.remove_child(node)
+            node.block_ids = EMPTY_BLOCKS
+            self._release_node(node)
+            if parent.is_root and parent.children is None:
+                del self.roots[self._root_names.pop(parent.idx)]
+                self._release_node(parent)
+        return removed
+
+    # ------------------------------------------------------------------ node slots
+    def _new_node(
+        self,
+        parent: RadixNode | None,
+        key: int,
+        block_ids: np.ndarray,
+        priority: int,
+        last_access: int,
+    ) -> RadixNode:
+        idx = self._free_node_slots.pop() if self._free_node_slots else len(self.nodes)
+        node = RadixNode(idx, parent, key, block_ids, priority, last_access)
+        if idx == len(self.nodes):
+            self.nodes.append(node)
+        else:
+            self.nodes[idx] = node
+        return node
+
+    def _release_node(self, node: RadixNode) -> None:
+        self.nodes[node.idx] = None
+        self._free_node_slots.append(node.idx)
+        node.parent = None
