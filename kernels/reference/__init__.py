@@ -1,0 +1,1 @@
+"""Pure-torch reference implementations of every kernel: the CPU path and the tests' oracle."""
