@@ -29,14 +29,18 @@ class BlockPool:
     def free_block_ids(self) -> np.ndarray:  # [num_free] int32
         return self._free[: self._free_top]
 
-    def take_free(self, n: int) -> np.ndarray:  # [n] int32
+    def take_free(self, n: int) -> list[int]:
         """Pop ``n`` free blocks (caller checked there are enough) and give each ref 1."""
         top = self._free_top
-        ids = self._free[top - n : top][::-1].copy()
         self._free_top = top - n
-        self.ref[ids] = 1
         self.num_in_use += n
-        return ids
+        if n == 1:  # the decode path: one block at a time, no array round trip
+            block = int(self._free[top - 1])
+            self.ref[block] = 1
+            return [block]
+        ids = self._free[top - n : top][::-1]
+        self.ref[ids] = 1
+        return ids.tolist()
 
     def put_free(self, ids: np.ndarray) -> None:  # ids: [n] int32, all with ref 0
         top = self._free_top

@@ -16,7 +16,7 @@ from prefixcache.block_pool import BlockPool
 from prefixcache.cache_invariants import check_cache_invariants
 from prefixcache.errors import CacheFull
 from prefixcache.events import BlockRemoved, BlockStored, CacheEvent
-from prefixcache.eviction_index import EvictionIndex
+from prefixcache.eviction_index import MAX_PRIORITY, MIN_PRIORITY, EvictionIndex
 from prefixcache.hashing import BlockHasher, chain_block_hashes, xxh3_block_hasher
 from prefixcache.radix_node import RadixNode
 from prefixcache.radix_tree import NamespaceName, PathMatch, RadixTree
@@ -152,7 +152,7 @@ class PrefixCache:
                     f"more evictable (in use {self.pool.num_in_use} of {self.num_blocks})"
                 )
             self._evict(short)
-        return self.pool.take_free(n).tolist()
+        return self.pool.take_free(n)
 
     def insert(
         self,
@@ -172,6 +172,10 @@ class PrefixCache:
         ids = as_block_ids(block_ids, self.num_blocks)
         if isinstance(priority, bool) or not isinstance(priority, int):
             raise TypeError(f"priority must be an int, got {type(priority).__name__}")
+        if not MIN_PRIORITY <= priority <= MAX_PRIORITY:
+            raise ValueError(
+                f"priority must be in [{MIN_PRIORITY}, {MAX_PRIORITY}], got {priority}"
+            )
         num_full = len(tokens) // self.block_size
         if len(ids) < num_full:
             raise ValueError(f"{num_full} full blocks of tokens but only {len(ids)} block ids")
@@ -268,7 +272,7 @@ class PrefixCache:
         """Evict every evictable block (pins and references respected); returns how many."""
         total = 0
         while len(self.index):
-            node = self.tree.nodes[self.index.first()[2]]
+            node = self.tree.nodes[self.index.first()]
             assert node is not None
             total += self._evict_from(node, len(node.block_ids))
         return total
@@ -356,9 +360,13 @@ class PrefixCache:
 
     def _evictable_at_least(self, need: int) -> bool:
         """Whether ``need`` blocks can be evicted, peeling leaves virtually (nothing changes)."""
+        if not len(self.index):
+            return False
+        if need == 1:  # every indexed leaf has an unreferenced last block
+            return True
         found = 0
         emptied_children: dict[int, int] = {}
-        for _, _, idx in self.index:
+        for idx in self.index.node_indices():
             node = self.tree.nodes[idx]
             while node is not None:
                 tail = self._reclaimable_tail(node)
@@ -378,13 +386,14 @@ class PrefixCache:
     def _evict(self, need: int) -> None:
         """Evict exactly ``need`` blocks in index order (caller checked it is possible)."""
         while need > 0:
-            node = self.tree.nodes[self.index.first()[2]]
+            node = self.tree.nodes[self.index.first()]
             assert node is not None
             need -= self._evict_from(node, need)
 
     def _evict_from(self, node: RadixNode, limit: int) -> int:
         """Evict up to ``limit`` unreferenced tail blocks of evictable leaf ``node``."""
-        count = min(self._reclaimable_tail(node), limit)
+        # the index guarantees the last block is unreferenced, so one block needs no scan
+        count = 1 if limit == 1 else min(self._reclaimable_tail(node), limit)
         parent = node.parent
         whole = count == len(node.block_ids)
         if whole:

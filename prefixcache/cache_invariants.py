@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from prefixcache.eviction_index import eviction_key
 from prefixcache.hashing import namespace_hash
 
 if TYPE_CHECKING:
@@ -31,7 +32,7 @@ def check_cache_invariants(cache: PrefixCache) -> None:
             live_nodes += 1
             _check_node(cache, node, parent_hash, seen)
             if cache._is_evictable(node):
-                expected_index.add((node.priority, node.last_access, node.idx))
+                expected_index.add(eviction_key(node))
             last_hash = int(tree.hashes[node.block_ids[-1]])
             stack.extend((child, last_hash) for child in (node.children or {}).values())
     assert live_nodes == sum(node is not None for node in tree.nodes), "node table has orphans"
@@ -53,9 +54,7 @@ def _check_node(cache: PrefixCache, node: RadixNode, parent_hash: int, seen: np.
     assert node.key == int(tree.hashes[node.block_ids[0]]), f"{node} key is not its first hash"
     assert node.children is None or node.children, f"{node} keeps an empty children dict"
     assert node.pin_count >= 0
-    expected_key = (
-        (node.priority, node.last_access, node.idx) if cache._is_evictable(node) else None
-    )
+    expected_key = eviction_key(node) if cache._is_evictable(node) else None
     assert node.index_key == expected_key, f"{node} index key {node.index_key} != {expected_key}"
     current = parent_hash
     data_rows = tree.tokens[node.block_ids]  # [num_blocks, block_size]

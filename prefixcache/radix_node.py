@@ -46,7 +46,7 @@ class RadixNode:
         self.pin_count = 0
         self.priority = priority
         self.last_access = last_access
-        self.index_key: tuple[int, int, int] | None = None
+        self.index_key: int | None = None
 
     @property
     def is_root(self) -> bool:

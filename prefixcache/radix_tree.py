@@ -203,6 +203,7 @@ class RadixTree:
         else:
             holder = self._new_node(parent, hashes[0], new_block_ids.copy(), priority, clock)
             parent.add_child(holder)
+            changed.append(parent)  # it may have been an evictable leaf until now
         self.node_of[new_block_ids] = holder.idx
         self.num_cached += len(new_block_ids)
         changed.append(holder)

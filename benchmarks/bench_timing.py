@@ -1,0 +1,74 @@
+"""Median-of-repeats wall-clock timing for the benchmarks (no timing assertions anywhere)."""
+
+from __future__ import annotations
+
+import gc
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+
+def median_ns(
+    timed: Callable[[Any], Any],
+    repeats: int,
+    setup: Callable[[], Any] = lambda: None,
+    after: Callable[[Any], None] = lambda result: None,
+) -> float:
+    """Median wall time of ``timed(setup())`` over ``repeats``; ``after(result)`` runs untimed."""
+    samples = []
+    was_enabled = gc.isenabled()
+    gc.collect()
+    gc.disable()
+    try:
+        for _ in range(repeats):
+            state = setup()
+            start = time.perf_counter_ns()
+            result = timed(state)
+            samples.append(time.perf_counter_ns() - start)
+            after(result)
+    finally:
+        if was_enabled:
+            gc.enable()
+    return statistics.median(samples)
+
+
+def median_ms(
+    timed: Callable[[Any], Any],
+    repeats: int,
+    setup: Callable[[], Any] = lambda: None,
+    after: Callable[[Any], None] = lambda result: None,
+) -> float:
+    """`median_ns` in milliseconds."""
+    return median_ns(timed, repeats, setup, after) / 1e6
+
+
+def discard(result: Any) -> None:
+    """An `after` hook that does nothing."""
+
+
+def interleaved_median_ms(
+    timers: dict[str, tuple[Callable[[], Any], Callable[[Any], None]]], rounds: int
+) -> dict[str, float]:
+    """Median ms of each ``timed()`` in ``timers`` (name -> (timed, untimed after(result))).
+
+    Each round runs every timer in turn, so load changes on a shared machine hit all of them
+    alike and their ratios stay fair; each timed call follows one untimed warm-up call of the
+    same timer, so no timer pays for the cache lines the previous one evicted.
+    """
+    samples: dict[str, list[int]] = {name: [] for name in timers}
+    was_enabled = gc.isenabled()
+    gc.collect()
+    gc.disable()
+    try:
+        for _ in range(rounds):
+            for name, (timed, after) in timers.items():
+                after(timed())
+                start = time.perf_counter_ns()
+                result = timed()
+                samples[name].append(time.perf_counter_ns() - start)
+                after(result)
+    finally:
+        if was_enabled:
+            gc.enable()
+    return {name: statistics.median(values) / 1e6 for name, values in samples.items()}

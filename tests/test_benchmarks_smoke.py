@@ -1,0 +1,62 @@
+"""The benchmark scripts run end to end in --quick mode and write the JSON they promise.
+
+Only structure and deterministic outcomes are checked, never timings.
+"""
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
+
+
+def run_quick(script: str, out: Path) -> dict:
+    completed = subprocess.run(
+        [sys.executable, str(BENCHMARKS / script), "--quick", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert completed.returncode == 0, completed.stderr
+    return json.loads(out.read_text())
+
+
+def test_fragmentation_quick(tmp_path):
+    result = run_quick("fragmentation.py", tmp_path / "nested" / "fragmentation.json")
+    assert set(result) == {"config", "trace", "contiguous", "paged", "ratios"}
+    assert result["config"]["quick"] is True
+    metrics = {"utilization", "occupancy", "max_concurrent", "mean_concurrent", "steps"}
+    for policy in ("contiguous", "paged"):
+        assert metrics <= set(result[policy])
+        assert 0 < result[policy]["utilization"] <= 1
+    # Same memory, deterministic trace: paged blocks hold more requests and waste less.
+    cap = result["config"]["num_slots"] // result["config"]["max_model_len"]
+    assert result["contiguous"]["max_concurrent"] == cap
+    assert result["paged"]["max_concurrent"] > cap
+    assert result["paged"]["utilization"] > result["contiguous"]["utilization"]
+    assert result["contiguous"]["preemptions"] == 0
+
+
+def test_prefixcache_bench_quick(tmp_path):
+    result = run_quick("prefixcache_bench.py", tmp_path / "bench.json")
+    assert set(result) == {"config", "match", "scale", "evicting_allocate", "ratios", "targets"}
+    expected_targets = {
+        "match_numpy_ms",
+        "speedup_vs_vllm_sha256",
+        "insert_empty_ms",
+        "bytes_per_cached_block",
+        "match_big_over_small",
+        "allocate1_us_per_block",
+        "allocate16_us_per_block",
+    }
+    assert set(result["targets"]) == expected_targets
+    for entry in result["targets"].values():
+        assert math.isfinite(entry["value"]) and entry["value"] > 0
+        assert isinstance(entry["ok"], bool)
+    for key in ("vllm_sha256_pickle_ms", "vllm_xxh3_128_pickle_ms", "xxh3_64_chain_ms"):
+        assert result["match"][key] > 0
+    assert result["match"]["num_tokens"] == 32_768
+    assert result["scale"]["cached_blocks"] >= result["config"]["scale_blocks"]
