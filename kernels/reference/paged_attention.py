@@ -1,5 +1,6 @@
 """Attention over a paged KV pool in plain torch: gather by block table, then SDPA.
 
+Quantized (fp8/int8) pools are read back as ``stored * scale`` in the query dtype before SDPA.
 Grouped-query attention is handled by SDPA's ``enable_gqa`` (query heads are grouped over
 ``num_heads // num_kv_heads`` KV heads, head h reading KV head ``h // group``).
 """
@@ -8,6 +9,8 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+
+from prefixcache.kernels.quantization import dequantize
 
 
 def gather_context(
@@ -32,6 +35,8 @@ def paged_prefill_attention_reference(
     query_start_loc: torch.Tensor,  # [num_seqs + 1] int32
     context_lens: torch.Tensor,  # [num_seqs] int32: cached tokens before the new ones
     scale: float,
+    k_scale: torch.Tensor | None = None,  # [], [num_kv_heads] or [num_kv_heads, head_dim]
+    v_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
     """Each new token attends to its sequence's whole cached context and, causally, to the new
     tokens up to itself. The new tokens' k/v come from ``k``/``v``, not from the cache."""
@@ -44,12 +49,10 @@ def paged_prefill_attention_reference(
             continue
         keys, values = k[begin:end], v[begin:end]  # [new, kv_heads, dim]
         if context:
-            keys = torch.cat(
-                [gather_context(k_cache, block_tables[seq], context).to(q.dtype), keys]
-            )
-            values = torch.cat(
-                [gather_context(v_cache, block_tables[seq], context).to(q.dtype), values]
-            )
+            cached_k = gather_context(k_cache, block_tables[seq], context)
+            cached_v = gather_context(v_cache, block_tables[seq], context)
+            keys = torch.cat([dequantize(cached_k, k_scale, q.dtype), keys])
+            values = torch.cat([dequantize(cached_v, v_scale, q.dtype), values])
         out[begin:end] = _attend(q[begin:end], keys, values, context, scale)
     return out
 
@@ -61,20 +64,47 @@ def _attend(
     context: int,
     scale: float,
 ) -> torch.Tensor:  # [new, num_heads, head_dim]
-    new = q.shape[0]
-    qh, kh, vh = q.transpose(0, 1), keys.transpose(0, 1), values.transpose(0, 1)
+    new, num_heads, head_dim = q.shape
+    num_kv_heads = keys.shape[1]
+    group = num_heads // num_kv_heads
     if context == 0:
+        # Square causal attention: SDPA's fused causal path (4-D inputs select the CPU flash
+        # kernel; 3-D ones fall back to the math path), KV heads expanded to query heads
+        # (SDPA's own enable_gqa is several times slower on CPU).
         out = F.scaled_dot_product_attention(
-            qh, kh, vh, is_causal=True, scale=scale, enable_gqa=True
-        )
-    else:
-        # new token i sees keys 0 .. context + i
-        rows = torch.arange(new, device=q.device).unsqueeze(1) + context
-        mask = torch.arange(context + new, device=q.device).unsqueeze(0) <= rows  # [new, total]
-        out = F.scaled_dot_product_attention(
-            qh, kh, vh, attn_mask=mask, scale=scale, enable_gqa=True
-        )
-    return out.transpose(0, 1)
+            q.transpose(0, 1)[None],
+            _expand_heads(keys, group).transpose(0, 1)[None],
+            _expand_heads(values, group).transpose(0, 1)[None],
+            is_causal=True,
+            scale=scale,
+        )  # [1, heads, new, dim]
+        return out[0].transpose(0, 1)
+    # Over a cached context: fold each KV head's query group into the query axis, so K/V are
+    # never copied per query head; new token i sees keys 0 .. context + i.
+    folded = q.reshape(new, num_kv_heads, group, head_dim).permute(1, 0, 2, 3)
+    folded = folded.reshape(num_kv_heads, new * group, head_dim)  # [kv_heads, new*group, dim]
+    rows = torch.arange(new, device=q.device).repeat_interleave(group).unsqueeze(1) + context
+    mask = torch.arange(context + new, device=q.device).unsqueeze(0) <= rows  # [new*group, total]
+    out = F.scaled_dot_product_attention(
+        folded[None],
+        keys.transpose(0, 1)[None],
+        values.transpose(0, 1)[None],
+        attn_mask=mask[None, None],
+        scale=scale,
+    )[0]  # [kv_heads, new*group, dim]
+    out = out.reshape(num_kv_heads, new, group, head_dim).permute(1, 0, 2, 3)
+    return out.reshape(new, num_heads, head_dim)
+
+
+def _expand_heads(
+    kv: torch.Tensor,  # [tokens, num_kv_heads, head_dim]
+    group: int,
+) -> torch.Tensor:  # [tokens, num_kv_heads * group, head_dim]; head h reads KV head h // group
+    if group == 1:
+        return kv
+    tokens, num_kv_heads, head_dim = kv.shape
+    expanded = kv[:, :, None, :].expand(tokens, num_kv_heads, group, head_dim)
+    return expanded.reshape(tokens, num_kv_heads * group, head_dim)
 
 
 def paged_decode_attention_reference(
@@ -84,6 +114,8 @@ def paged_decode_attention_reference(
     block_tables: torch.Tensor,  # [num_seqs, max_blocks] int32
     seq_lens: torch.Tensor,  # [num_seqs] int32: tokens in cache, including the current one
     scale: float,
+    k_scale: torch.Tensor | None = None,  # [], [num_kv_heads] or [num_kv_heads, head_dim]
+    v_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:  # [num_seqs, num_heads, head_dim]
     """Each sequence's single query attends to all of its ``seq_lens`` cached tokens."""
     num_seqs = q.shape[0]
@@ -92,16 +124,21 @@ def paged_decode_attention_reference(
     max_blocks = -(-max_len // block_size)
     table = block_tables[:, :max_blocks].long()  # [num_seqs, max_blocks]
     kv_shape = (num_seqs, max_blocks * block_size, k_cache.shape[2], k_cache.shape[3])
-    keys = k_cache[table].reshape(kv_shape)[:, :max_len].to(q.dtype)  # [seqs, len, kv_heads, d]
-    values = v_cache[table].reshape(kv_shape)[:, :max_len].to(q.dtype)
+    keys = dequantize(k_cache[table].reshape(kv_shape)[:, :max_len], k_scale, q.dtype)
+    values = dequantize(v_cache[table].reshape(kv_shape)[:, :max_len], v_scale, q.dtype)
+    # keys, values: [num_seqs, max_len, kv_heads, head_dim]
     positions = torch.arange(max_len, device=q.device)
     mask = positions.unsqueeze(0) < seq_lens.to(q.device).unsqueeze(1)  # [num_seqs, max_len]
+    num_heads, head_dim = q.shape[1], q.shape[2]
+    num_kv_heads = k_cache.shape[2]
+    group = num_heads // num_kv_heads
+    # One query token per sequence: the query heads of a KV group act as `group` query rows
+    # over that KV head, so no K/V copy per query head is needed.
     out = F.scaled_dot_product_attention(
-        q.unsqueeze(2),  # [seqs, heads, 1, dim]
+        q.reshape(num_seqs, num_kv_heads, group, head_dim),
         keys.transpose(1, 2),  # [seqs, kv_heads, len, dim]
         values.transpose(1, 2),
         attn_mask=mask[:, None, None, :],
         scale=scale,
-        enable_gqa=True,
-    )  # [seqs, heads, 1, dim]
-    return out.squeeze(2)
+    )  # [seqs, kv_heads, group, dim]
+    return out.reshape(num_seqs, num_heads, head_dim)

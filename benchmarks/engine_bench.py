@@ -1,0 +1,252 @@
+"""Engine benchmarks on SmolLM2: TTFT cold vs cached, against transformers on the same weights.
+
+Every ratio is measured side by side in one run (interleaved rounds, medians) on the same
+threads. ``--quick`` runs the TTFT part only (what the README's first command runs).
+
+    python benchmarks/engine_bench.py [--quick] [--threads 2] [--out results/engine_bench.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from rich.console import Console
+from rich.table import Table
+
+sys.path.insert(0, str(Path(__file__).parent))
+from hf_reference import hf_last_logits, hf_llama_from
+
+from prefixcache.engine import LLM, SamplingParams
+
+FIRST_TOKEN = SamplingParams(max_tokens=1, temperature=0.0)
+
+
+def text_tokens(llm: LLM, count: int, seed: int) -> list[int]:
+    """``count`` token ids of English-like text, different for every seed."""
+    rng = np.random.default_rng(seed)
+    words = [
+        "the",
+        "cache",
+        "keeps",
+        "attention",
+        "keys",
+        "and",
+        "values",
+        "of",
+        "every",
+        "prompt",
+        "prefix",
+        "so",
+        "a",
+        "repeated",
+        "system",
+        "prompt",
+        "document",
+        "or",
+        "tool",
+        "schema",
+        "is",
+        "never",
+        "computed",
+        "twice",
+        "while",
+        "the",
+        "radix",
+        "tree",
+        "finds",
+        "blocks",
+        "by",
+        "hash",
+        "and",
+        "confirms",
+        "them",
+        "token",
+        "by",
+        "token",
+    ]
+    ids: list[int] = []
+    while len(ids) < count:
+        ids += llm.tokenizer.encode(" ".join(rng.choice(words, 64)) + ". ")
+    return ids[:count]
+
+
+def timed_first_token(llm: LLM, token_ids: list[int]) -> float:
+    """Seconds from submitting ``token_ids`` to holding the first sampled token."""
+    start = time.perf_counter()
+    llm.generate([token_ids], FIRST_TOKEN)
+    return time.perf_counter() - start
+
+
+def timed_hf(model: torch.nn.Module, token_ids: list[int]) -> float:
+    start = time.perf_counter()
+    hf_last_logits(model, token_ids)
+    return time.perf_counter() - start
+
+
+def ttft_section(llm: LLM, hf: torch.nn.Module, rounds: int, lengths: list[int]) -> dict:
+    """Cold prefill vs HF; warm 64-token suffix over a cached prefix vs HF on 64 tokens."""
+    results: dict[str, Any] = {}
+    seed = iter(range(10_000, 1_000_000))
+    for length in lengths:
+        prefix = text_tokens(llm, length, next(seed))
+        llm.warm(prefix)  # the prefix every warm round reuses
+        samples: dict[str, list[float]] = {"cold": [], "warm": [], "hf_full": [], "hf_suffix": []}
+        for _ in range(rounds):
+            fresh = text_tokens(llm, length + 64, next(seed))  # nothing of it is cached
+            suffix = text_tokens(llm, 64, next(seed))
+            samples["cold"].append(timed_first_token(llm, fresh[:length]))
+            samples["warm"].append(timed_first_token(llm, prefix + suffix))
+            samples["hf_full"].append(timed_hf(hf, fresh[:length]))
+            samples["hf_suffix"].append(timed_hf(hf, suffix))
+        med = {k: statistics.median(v) for k, v in samples.items()}
+        results[str(length)] = {
+            "cold_s": med["cold"],
+            "warm_s": med["warm"],
+            "hf_prefill_s": med["hf_full"],
+            "hf_suffix64_s": med["hf_suffix"],
+            "cold_vs_hf": med["cold"] / med["hf_full"],
+            "warm_vs_hf_suffix64": med["warm"] / med["hf_suffix"],
+            "warm_vs_cold": med["warm"] / med["cold"],
+        }
+    return results
+
+
+def throughput(llm: LLM, prompts: list[list[int]], max_tokens: int) -> tuple[float, float]:
+    """(output tokens/s, time-averaged stored tokens / allocated block capacity)."""
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+    engine = llm.engine
+    for index, prompt in enumerate(prompts):
+        llm.check_request(prompt, params, None)
+        engine.add_request(f"tp-{time.perf_counter_ns()}-{index}", prompt, params)
+    utilization = []
+    start = time.perf_counter()
+    while engine.has_unfinished():
+        engine.step()
+        running = engine.scheduler.running
+        blocks = sum(len(r.block_ids) for r in running)
+        if blocks:
+            stored = sum(r.num_computed_tokens for r in running)
+            utilization.append(stored / (blocks * llm.cache.block_size))
+    elapsed = time.perf_counter() - start
+    return len(prompts) * max_tokens / elapsed, float(np.mean(utilization))
+
+
+def hf_generate_throughput(hf: torch.nn.Module, prompts: list[list[int]], max_tokens: int) -> float:
+    batch = torch.tensor(prompts)
+    start = time.perf_counter()
+    with torch.inference_mode():
+        hf.generate(
+            batch,
+            attention_mask=torch.ones_like(batch),
+            max_new_tokens=max_tokens,
+            min_new_tokens=max_tokens,
+            do_sample=False,
+            pad_token_id=0,
+        )
+    return len(prompts) * max_tokens / (time.perf_counter() - start)
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    torch.set_num_threads(args.threads)
+    llm = LLM(num_blocks=args.num_blocks)
+    hf = hf_llama_from("smollm2", llm.dtype)
+    report: dict[str, Any] = {"dtype": str(llm.dtype), "threads": args.threads}
+    lengths = [1637] if args.quick else [1637, 4096]
+    report["ttft"] = ttft_section(llm, hf, args.rounds, lengths)
+    if not args.quick:
+        rng = np.random.default_rng(1)
+        batch = [text_tokens(llm, 256, 500 + i) for i in range(32)]
+        ours, _ = throughput(llm, batch, 128)
+        theirs = hf_generate_throughput(hf, batch, 128)
+        report["batch32"] = {
+            "ours_tok_s": ours,
+            "hf_generate_tok_s": theirs,
+            "ratio": ours / theirs,
+        }
+        mixed = [text_tokens(llm, int(n), 900 + i) for i, n in enumerate(rng.integers(40, 600, 24))]
+        _, used = throughput(llm, mixed, 48)
+        report["kv_utilization"] = used
+        unique = [text_tokens(llm, 256, 2000 + i) for i in range(16)]
+        off = LLM(num_blocks=args.num_blocks, enable_prefix_caching=False)
+        on_rate, _ = throughput(llm, unique, 32)
+        off_rate, _ = throughput(off, [text_tokens(llm, 256, 3000 + i) for i in range(16)], 32)
+        report["zero_hit"] = {
+            "cache_on_tok_s": on_rate,
+            "cache_off_tok_s": off_rate,
+            "on_vs_off": on_rate / off_rate,
+        }
+    return report
+
+
+def print_report(report: dict[str, Any]) -> None:
+    table = Table(title=f"engine vs transformers ({report['dtype']}, {report['threads']} threads)")
+    for column in ("measure", "ours", "reference", "ratio", "target"):
+        table.add_column(column, justify="right" if column != "measure" else "left")
+    for length, row in report["ttft"].items():
+        table.add_row(
+            f"cold TTFT, {length} tokens",
+            f"{row['cold_s']:.3f} s",
+            f"HF {row['hf_prefill_s']:.3f} s",
+            f"{row['cold_vs_hf']:.2f}x",
+            "<= 0.8",
+        )
+        table.add_row(
+            f"warm TTFT, 64 new over {length} cached",
+            f"{row['warm_s']:.3f} s",
+            f"HF 64 tok {row['hf_suffix64_s']:.3f} s",
+            f"{row['warm_vs_hf_suffix64']:.2f}x",
+            "<= 0.7",
+        )
+        table.add_row(
+            f"warm / cold, {length}",
+            "",
+            "",
+            f"{row['warm_vs_cold']:.3f}",
+            "<= 0.05" if length == "4096" else "",
+        )
+    if "batch32" in report:
+        b = report["batch32"]
+        table.add_row(
+            "32 x (256 in, 128 out) tokens/s",
+            f"{b['ours_tok_s']:.1f}",
+            f"HF generate {b['hf_generate_tok_s']:.1f}",
+            f"{b['ratio']:.2f}x",
+            ">= 2",
+        )
+        table.add_row("KV stored / allocated", f"{report['kv_utilization']:.1%}", "", "", ">= 95%")
+        z = report["zero_hit"]
+        table.add_row(
+            "0% hits: cache on / off tokens/s",
+            f"{z['cache_on_tok_s']:.1f}",
+            f"off {z['cache_off_tok_s']:.1f}",
+            f"{z['on_vs_off']:.3f}",
+            ">= 0.98",
+        )
+    Console().print(table)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="TTFT on 1,637 tokens only")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--num-blocks", type=int, default=2048)
+    parser.add_argument("--out", default="results/engine_bench.json")
+    args = parser.parse_args()
+    report = run(args)
+    print_report(report)
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(report, indent=2))
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

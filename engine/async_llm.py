@@ -1,0 +1,220 @@
+"""AsyncLLM: the engine behind an asyncio API — streaming, aborts, many concurrent requests.
+
+One worker thread owns the ``EngineCore`` (the engine is single-threaded by design); the event
+loop talks to it through a command queue, and outputs come back through per-request asyncio
+queues. Torch releases the GIL in its kernels, so the loop stays responsive while a step runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import queue
+import threading
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+from prefixcache.engine.llm import LLM
+from prefixcache.engine.outputs import RequestOutput
+from prefixcache.engine.sampling_params import SamplingParams
+
+
+class EngineRequestError(RuntimeError):
+    """A request the engine accepted could not complete (e.g. the KV pool cannot hold it)."""
+
+
+class EngineDeadError(RuntimeError):
+    """The engine worker stopped (shutdown or an internal error); no request can run."""
+
+
+class AsyncLLM:
+    """Streams ``RequestOutput`` snapshots (cumulative text and token ids) per request.
+
+    Build it from keyword arguments for ``LLM`` or wrap an existing ``LLM`` (which must then
+    not be used synchronously at the same time).
+    """
+
+    def __init__(self, llm: LLM | None = None, **llm_kwargs: Any) -> None:
+        self.llm = llm if llm is not None else LLM(**llm_kwargs)
+        self._commands: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
+        self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
+        self._lock = threading.Lock()
+        self._ids = itertools.count()
+        self._dead: BaseException | None = None
+        self._stopping = False
+        self._worker = threading.Thread(target=self._run, name="prefixcache-engine", daemon=True)
+        self._worker.start()
+
+    # ------------------------------------------------------------------ public API
+    @property
+    def tokenizer(self):
+        return self.llm.tokenizer
+
+    async def generate(
+        self,
+        prompt: str | Sequence[int],
+        params: SamplingParams | None = None,
+        request_id: str | None = None,
+        salt: str | None = None,
+    ) -> AsyncIterator[RequestOutput]:
+        """Yield the request's state after every step that changed it; the last is finished.
+
+        Validation errors raise before anything is queued. Leaving the loop early (a client
+        that disconnects, a cancelled task) aborts the request and frees its blocks.
+        """
+        params = params or SamplingParams()
+        token_ids = self.llm.encode(prompt)
+        self.llm.check_request(token_ids, params, salt)
+        request_id = request_id or f"async-{next(self._ids)}"
+        stream: asyncio.Queue = asyncio.Queue()
+        with self._lock:
+            self._raise_if_dead()
+            if request_id in self._streams:
+                raise ValueError(f"request id {request_id!r} is already running")
+            self._streams[request_id] = (asyncio.get_running_loop(), stream)
+        self._commands.put(
+            (
+                "add",
+                (request_id, token_ids, params, salt, prompt if isinstance(prompt, str) else None),
+            )
+        )
+        finished = False
+        try:
+            while True:
+                item = await stream.get()
+                if isinstance(item, BaseException):
+                    raise item
+                if item.error is not None:
+                    raise EngineRequestError(item.error)
+                finished = item.finished
+                yield item
+                if finished:
+                    return
+        finally:
+            with self._lock:
+                self._streams.pop(request_id, None)
+            if not finished:
+                self._commands.put(("abort", request_id))
+
+    async def abort(self, request_id: str) -> None:
+        """Stop a request and free its blocks (no-op if it already finished)."""
+        self._commands.put(("abort", request_id))
+
+    def stats(self) -> dict[str, Any]:
+        """A snapshot of cache and engine counters (read without stopping the worker)."""
+        return self.llm.stats()
+
+    async def call(self, function, *args: Any) -> Any:
+        """Run ``function(llm, *args)`` on the worker thread between steps; returns its result.
+
+        For reads and cache edits (stats, pin, reset) that must not race a step. ``function``
+        must not step the engine (no ``llm.generate`` / ``llm.warm``: use ``self.warm``)."""
+        future = asyncio.get_running_loop().create_future()
+        self._commands.put(("call", (future, asyncio.get_running_loop(), function, args)))
+        return await future
+
+    async def warm(
+        self, prompt: str | Sequence[int], salt: str | None = None, pin: bool = False
+    ) -> int:
+        """Prefill ``prompt`` (no sampling kept) so its full blocks are cached; optionally pin
+        them. Returns the prompt tokens cached afterwards."""
+        token_ids = self.llm.encode(prompt)
+        async for _ in self.generate(
+            token_ids, SamplingParams(max_tokens=1, temperature=0.0), salt=salt
+        ):
+            pass
+        if pin:
+            return await self.call(lambda llm: llm.cache.pin(token_ids, salt))
+        return await self.call(lambda llm: llm.cache.lookup(token_ids, salt))
+
+    async def pin(self, prompt: str | Sequence[int], salt: str | None = None) -> int:
+        """Pin the cached prefix of ``prompt``; returns the pinned tokens (0: none cached)."""
+        token_ids = self.llm.encode(prompt)
+        return await self.call(lambda llm: llm.cache.pin(token_ids, salt))
+
+    async def unpin(self, prompt: str | Sequence[int], salt: str | None = None) -> None:
+        """Release the deepest pin on the cached path of ``prompt`` (ValueError if none)."""
+        token_ids = self.llm.encode(prompt)
+        await self.call(lambda llm: llm.cache.unpin(token_ids, salt))
+
+    async def reset_cache(self) -> int:
+        """Evict every evictable cached block (in-use and pinned blocks stay)."""
+        return await self.call(lambda llm: llm.cache.reset())
+
+    def shutdown(self) -> None:
+        """Stop the worker; running requests end with EngineDeadError."""
+        self._stopping = True
+        self._commands.put(("stop", None))
+        self._worker.join(timeout=30)
+
+    # ------------------------------------------------------------------ worker thread
+    def _run(self) -> None:
+        engine = self.llm.engine
+        try:
+            while True:
+                block = not engine.has_unfinished()
+                while True:
+                    try:
+                        kind, payload = self._commands.get(block=block)
+                    except queue.Empty:
+                        break
+                    if kind == "stop":
+                        raise EngineDeadError("the engine was shut down")
+                    self._handle(kind, payload)
+                    block = not engine.has_unfinished()
+                for output in engine.step():
+                    self._deliver(output.request_id, output)
+        except BaseException as error:  # the worker must report, whatever happened
+            self._dead = (
+                error
+                if isinstance(error, EngineDeadError)
+                else EngineDeadError(f"engine worker failed: {error!r}")
+            )
+            with self._lock:
+                streams = list(self._streams)
+            for request_id in streams:
+                self._deliver(request_id, self._dead)
+
+    def _handle(self, kind: str, payload: Any) -> None:
+        engine = self.llm.engine
+        if kind == "add":
+            request_id, token_ids, params, salt, prompt = payload
+            try:
+                engine.add_request(request_id, token_ids, params, salt, prompt)
+            except Exception as error:  # delivered to the caller, the engine keeps serving
+                self._deliver(request_id, error)
+        elif kind == "abort":
+            final = engine.abort(payload)
+            if final is not None:
+                self._deliver(payload, final)
+        elif kind == "call":
+            future, loop, function, args = payload
+            try:
+                result = function(self.llm, *args)
+            except Exception as error:
+                loop.call_soon_threadsafe(_settle, future, None, error)
+            else:
+                loop.call_soon_threadsafe(_settle, future, result, None)
+
+    def _deliver(self, request_id: str, item: RequestOutput | BaseException) -> None:
+        with self._lock:
+            target = self._streams.get(request_id)
+        if target is not None:
+            loop, stream = target
+            # a closed caller loop raises RuntimeError: nobody is listening any more
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(stream.put_nowait, item)
+
+    def _raise_if_dead(self) -> None:
+        if self._dead is not None or self._stopping:
+            raise self._dead or EngineDeadError("the engine is shutting down")
+
+
+def _settle(future: asyncio.Future, result: Any, error: BaseException | None) -> None:
+    if future.cancelled():
+        return
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(result)

@@ -1,0 +1,113 @@
+"""Render OpenAI-style chat messages into a prompt with the model's own Jinja template.
+
+Mirrors transformers' `apply_chat_template` environment: sandboxed, `trim_blocks` and
+`lstrip_blocks`, loop controls, `raise_exception`, `strftime_now`, a `tojson` filter that keeps
+non-ASCII text, and the no-op `{% generation %}` block some templates use.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from typing import Any
+
+import jinja2
+from jinja2 import nodes
+from jinja2.ext import Extension, loopcontrols
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+
+class ChatTemplateError(ValueError):
+    """The template failed to render (or called `raise_exception`)."""
+
+
+class _GenerationBlock(Extension):
+    """`{% generation %}...{% endgeneration %}` renders its body unchanged."""
+
+    tags = frozenset({"generation"})
+
+    def parse(self, parser: Any) -> nodes.Node:
+        lineno = next(parser.stream).lineno
+        body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+        return nodes.Scope(body, lineno=lineno)
+
+
+def _raise_exception(message: str) -> None:
+    raise jinja2.exceptions.TemplateError(message)
+
+
+def _tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None,
+            separators: Any = None, sort_keys: bool = False) -> str:
+    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent,
+                      separators=separators, sort_keys=sort_keys)
+
+
+def _strftime_now(fmt: str) -> str:
+    return datetime.now().strftime(fmt)
+
+
+def _environment() -> ImmutableSandboxedEnvironment:
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                        extensions=[_GenerationBlock, loopcontrols])
+    env.filters["tojson"] = _tojson
+    env.globals["raise_exception"] = _raise_exception
+    env.globals["strftime_now"] = _strftime_now
+    return env
+
+
+def _flatten_content(content: Any) -> Any:
+    """OpenAI content parts `[{"type": "text", "text": ...}]` -> one string."""
+    if not isinstance(content, list):
+        return content
+    texts = []
+    for part in content:
+        if not isinstance(part, Mapping) or part.get("type") != "text":
+            raise ChatTemplateError(f"only text content parts are supported, got {part!r}")
+        texts.append(str(part.get("text", "")))
+    return "".join(texts)
+
+
+class ChatTemplate:
+    """A compiled chat template plus the special-token strings it may reference."""
+
+    def __init__(self, source: str, *, bos_token: str | None = None,
+                 eos_token: str | None = None) -> None:
+        if not isinstance(source, str) or not source:
+            raise ValueError("chat template must be a non-empty string")
+        self.source = source
+        self.bos_token = bos_token
+        self.eos_token = eos_token
+        try:
+            self._template = _environment().from_string(source)
+        except jinja2.exceptions.TemplateSyntaxError as error:
+            raise ChatTemplateError(f"chat template does not compile: {error}") from error
+
+    def render(self, messages: Sequence[Mapping[str, Any]], *, add_generation_prompt: bool = True,
+               tools: Sequence[Mapping[str, Any]] | None = None, **extra: Any) -> str:
+        """Prompt text for `messages` (dicts with "role" and "content").
+
+        `add_generation_prompt` appends the header of the assistant's turn. Extra keyword
+        arguments are passed to the template (e.g. `documents`, `enable_thinking`).
+        """
+        prepared = []
+        for message in messages:
+            if not isinstance(message, Mapping) or "role" not in message:
+                raise ChatTemplateError(f"each message needs a 'role', got {message!r}")
+            prepared.append({**message, "content": _flatten_content(message.get("content"))})
+        context = {"bos_token": self.bos_token, "eos_token": self.eos_token, **extra}
+        try:
+            return self._template.render(messages=prepared, tools=tools,
+                                         add_generation_prompt=add_generation_prompt, **context)
+        except jinja2.exceptions.TemplateError as error:
+            raise ChatTemplateError(f"chat template failed: {error}") from error
+
+
+def chat_template_from_tokenizer_config(config: Mapping[str, Any], name: str = "default") -> \
+        str | None:
+    """The template source in a tokenizer_config.json (a string or a list of named ones)."""
+    template = config.get("chat_template")
+    if isinstance(template, list):
+        named = {entry.get("name"): entry.get("template") for entry in template}
+        return named.get(name)
+    return template

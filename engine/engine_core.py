@@ -1,0 +1,217 @@
+"""The step loop: requests in, scheduler -> runner -> sampler -> stop checks, outputs out.
+
+Single-threaded by design: ``LLM`` drives it synchronously, ``AsyncLLM`` from one worker.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from prefixcache import PrefixCache
+from prefixcache.engine.model_runner import ModelRunner
+from prefixcache.engine.outputs import CompletionOutput, RequestMetricsView, RequestOutput
+from prefixcache.engine.request import Request
+from prefixcache.engine.sampler import make_generator, sample_token
+from prefixcache.engine.sampling_params import SamplingParams
+from prefixcache.engine.scheduler import Scheduler
+from prefixcache.engine.stop_checker import SequenceText, check_stop
+
+
+@dataclass
+class _Sample:
+    request: Request
+    text: SequenceText
+    generator: torch.Generator | None
+
+
+class _RequestGroup:
+    """The n samples of one user request (sample 0 is admitted; the others fork from it)."""
+
+    def __init__(self, request_id: str, prompt: str | None, params: SamplingParams) -> None:
+        self.request_id = request_id
+        self.prompt = prompt
+        self.params = params
+        self.samples: list[_Sample] = []
+        self.error: str | None = None
+        self.aborted = False
+
+    @property
+    def finished(self) -> bool:
+        if self.error is not None or self.aborted:
+            return True
+        return len(self.samples) == self.params.n and all(
+            s.request.is_finished for s in self.samples
+        )
+
+
+class EngineCore:
+    """Owns the scheduler and the runner; every block a request takes is released on finish."""
+
+    def __init__(
+        self,
+        scheduler: Scheduler,
+        runner: ModelRunner,
+        decode: Callable[[list[int]], str],
+        eos_token_ids: tuple[int, ...],
+        max_model_len: int,
+    ) -> None:
+        self.scheduler = scheduler
+        self.runner = runner
+        self.cache: PrefixCache = scheduler.cache
+        self.decode = decode
+        self.eos_token_ids = eos_token_ids
+        self.max_model_len = max_model_len
+        self.groups: dict[str, _RequestGroup] = {}
+        self._by_request: dict[Request, _RequestGroup] = {}
+        self.num_finished = 0
+
+    def add_request(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        salt: str | None = None,
+        prompt: str | None = None,
+        arrival_time: float | None = None,
+    ) -> None:
+        """Queue a validated request (the caller checked lengths and token ids)."""
+        if request_id in self.groups:
+            raise ValueError(f"request id {request_id!r} is already in use")
+        group = _RequestGroup(request_id, prompt, params)
+        request = Request(request_id, prompt_token_ids, params, salt, arrival_time)
+        group.samples.append(
+            _Sample(request, SequenceText(self.decode), make_generator(params.seed))
+        )
+        self.groups[request_id] = group
+        self._by_request[request] = group
+        self.scheduler.add(request)
+
+    def abort(self, request_id: str) -> RequestOutput | None:
+        """Finish a request now and free its blocks; returns its final state (finish reason
+        "abort" on every unfinished sample), or None if it is unknown or already done."""
+        group = self.groups.get(request_id)
+        if group is None:
+            return None
+        for sample in group.samples:
+            if not sample.request.is_finished:
+                self.scheduler.finish(sample.request, "abort")
+        group.aborted = True
+        return self._snapshot(group)
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    def step(self) -> list[RequestOutput]:
+        """Run one scheduler step; returns the state of every request that changed."""
+        out = self.scheduler.schedule()
+        touched: dict[str, _RequestGroup] = {}
+        if out.is_empty:
+            self._fail_unschedulable(touched)
+        else:
+            logits = self.runner.execute(out)  # [num_sampled, vocab]
+            self.scheduler.commit_step(out)
+            now = time.perf_counter()
+            sampled = [seq for seq in out.sequences if seq.samples]
+            for row, seq in enumerate(sampled):
+                group = self._by_request[seq.request]
+                self._advance(group, seq.request, logits[row], now)
+                touched[group.request_id] = group
+        return [self._snapshot(group) for group in touched.values()]
+
+    def _advance(
+        self, group: _RequestGroup, request: Request, logits: torch.Tensor, now: float
+    ) -> None:
+        sample = next(s for s in group.samples if s.request is request)
+        children: list[_Sample] = []
+        if request.num_output_tokens == 0 and request.sample_index == 0 and group.params.n > 1:
+            children = [self._fork(group, request, index) for index in range(1, group.params.n)]
+        for current in [sample, *children]:
+            token = sample_token(logits, group.params, current.generator)
+            self._append(current, token, now)
+
+    def _fork(self, group: _RequestGroup, parent: Request, index: int) -> _Sample:
+        """Sample ``index`` of ``group`` starts on the parent's prompt blocks, shared."""
+        child = Request(
+            f"{group.request_id}#{index}",
+            parent.prompt_token_ids,
+            group.params,
+            parent.salt,
+            parent.metrics.arrival_time,
+            index,
+        )
+        child.metrics.first_scheduled_time = parent.metrics.first_scheduled_time
+        self.scheduler.fork(parent, child)
+        seed = None if group.params.seed is None else group.params.seed + index
+        child_sample = _Sample(child, SequenceText(self.decode), make_generator(seed))
+        group.samples.append(child_sample)
+        self._by_request[child] = group
+        return child_sample
+
+    def _append(self, sample: _Sample, token: int, now: float) -> None:
+        request = sample.request
+        request.append_token(token)
+        if request.metrics.first_token_time is None:
+            request.metrics.first_token_time = now
+        request.metrics.last_token_time = now
+        reason = check_stop(request, sample.text, self.eos_token_ids, self.max_model_len)
+        if reason is not None:
+            request.metrics.finished_time = now
+            self.scheduler.finish(request, reason)
+            if not isinstance(request.stop_reason, str):
+                sample.text.update(request)
+            self.num_finished += 1
+
+    def _fail_unschedulable(self, touched: dict[str, _RequestGroup]) -> None:
+        """Nothing could run: the head of the queue cannot fit in the pool even when alone."""
+        if self.scheduler.running or not self.scheduler.waiting:
+            return
+        request = self.scheduler.waiting[0]
+        group = self._by_request[request]
+        group.error = (
+            f"request needs more KV blocks than the pool can free "
+            f"({self.cache.stats()['free']} free of {self.cache.num_blocks})"
+        )
+        self.scheduler.finish(request, "abort")
+        touched[group.request_id] = group
+
+    def _snapshot(self, group: _RequestGroup) -> RequestOutput:
+        first = group.samples[0].request
+        outputs = []
+        for index, sample in enumerate(group.samples):
+            request = sample.request
+            text = sample.text.text if request.is_finished else sample.text.update(request)
+            outputs.append(
+                CompletionOutput(
+                    index,
+                    text,
+                    request.output_token_ids,
+                    request.finish_reason,
+                    request.stop_reason,
+                )
+            )
+        finished = group.finished
+        if finished:
+            self.groups.pop(group.request_id, None)
+            for sample in group.samples:
+                self._by_request.pop(sample.request, None)
+        metrics = first.metrics
+        end = metrics.finished_time
+        view = RequestMetricsView(
+            ttft=metrics.ttft,
+            tpot=metrics.tpot(first.num_output_tokens),
+            e2e=None if end is None else end - metrics.arrival_time,
+        )
+        return RequestOutput(
+            group.request_id,
+            first.prompt_token_ids,
+            outputs,
+            first.num_cached_tokens or 0,
+            finished,
+            view,
+            group.prompt,
+            group.error,
+        )

@@ -1,0 +1,186 @@
+"""LLM: the synchronous, in-process engine — load a model, generate with the prefix cache."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from prefixcache import PrefixCache
+from prefixcache.engine.engine_core import EngineCore
+from prefixcache.engine.kv_cache import PagedKVCache, blocks_for_memory
+from prefixcache.engine.model_registry import DEFAULT_MODEL, load_model
+from prefixcache.engine.model_runner import ModelRunner
+from prefixcache.engine.outputs import RequestOutput
+from prefixcache.engine.prompt_inputs import normalize_prompts, to_token_ids
+from prefixcache.engine.sampling_params import SamplingParams
+from prefixcache.engine.scheduler import Scheduler
+from prefixcache.engine.scheduling_policy import SchedulingPolicy
+from prefixcache.kernels import kv_storage_dtype
+from prefixcache.tokens import check_salt
+
+DEFAULT_KV_CACHE_MEMORY = 1 << 30
+DEFAULT_MAX_MODEL_LEN = 8192
+
+
+class LLM:
+    """A paged decode engine on the prefix cache.
+
+    ``model``: "smollm2" (default), a Hugging Face folder or a ``.gguf`` path. The pool has
+    ``num_blocks`` blocks of ``block_size`` tokens, or as many as fit in ``kv_cache_memory``
+    bytes. ``enable_prefix_caching=False`` still pages KV but never reuses it.
+    """
+
+    def __init__(
+        self,
+        model: str | Path = DEFAULT_MODEL,
+        *,
+        block_size: int = 16,
+        num_blocks: int | None = None,
+        kv_cache_memory: int | None = None,
+        max_model_len: int | None = None,
+        dtype: torch.dtype | str | None = None,
+        enable_prefix_caching: bool = True,
+        max_num_seqs: int = 64,
+        max_num_batched_tokens: int = 4096,
+        scheduling_policy: str = "fcfs",
+        num_threads: int | None = None,
+        kv_cache_dtype: str = "auto",
+    ) -> None:
+        if num_threads is not None:
+            torch.set_num_threads(num_threads)
+        loaded = load_model(model, dtype=_as_dtype(dtype))
+        self.model_name = str(model)
+        self.config = loaded.config
+        self.tokenizer = loaded.tokenizer
+        self.chat_template = loaded.chat_template
+        self.dtype = loaded.model.dtype
+        self.max_model_len = min(
+            max_model_len or DEFAULT_MAX_MODEL_LEN, self.config.max_position_embeddings
+        )
+        if num_blocks is None:
+            num_blocks = blocks_for_memory(
+                self.config, block_size, kv_storage_dtype(kv_cache_dtype, self.dtype),
+                kv_cache_memory or DEFAULT_KV_CACHE_MEMORY,
+            )
+        self.cache = PrefixCache(num_blocks, block_size, model_fingerprint=loaded.fingerprint)
+        self.kv = PagedKVCache(
+            self.config, num_blocks, block_size, self.dtype, kv_cache_dtype=kv_cache_dtype
+        )
+        scheduler = Scheduler(
+            self.cache,
+            max_num_seqs,
+            max_num_batched_tokens,
+            enable_prefix_caching,
+            SchedulingPolicy(scheduling_policy),
+        )
+        runner = ModelRunner(loaded.model, self.kv, self.config.head_dim)
+        eos = tuple(self.tokenizer.eos_token_ids or self.config.eos_token_ids)
+        self.engine = EngineCore(scheduler, runner, self.tokenizer.decode, eos, self.max_model_len)
+        self._ids = itertools.count()
+
+    # ------------------------------------------------------------------ generation
+    def generate(
+        self,
+        prompts: Any,
+        params: SamplingParams | None = None,
+        salt: str | None = None,
+    ) -> list[RequestOutput]:
+        """Generate for one prompt or a list (strings or token id lists); results in order."""
+        params = params or SamplingParams()
+        encoded = self._encode_all(prompts)
+        for token_ids in encoded:  # validate everything before queueing anything
+            self.check_request(token_ids, params, salt)
+        request_ids = [self._add(token_ids, params, salt) for token_ids in encoded]
+        finished: dict[str, RequestOutput] = {}
+        while self.engine.has_unfinished():
+            for output in self.engine.step():
+                if output.finished:
+                    finished[output.request_id] = output
+        return [finished[request_id] for request_id in request_ids]
+
+    def chat(
+        self,
+        messages: Sequence[Mapping[str, Any]] | Sequence[Sequence[Mapping[str, Any]]],
+        params: SamplingParams | None = None,
+        salt: str | None = None,
+    ) -> list[RequestOutput]:
+        """Generate replies to one conversation (OpenAI-style message dicts) or a list of them."""
+        conversations = [messages] if messages and isinstance(messages[0], Mapping) else messages
+        return self.generate([self.render_chat(c) for c in conversations], params, salt)
+
+    def render_chat(self, messages: Sequence[Mapping[str, Any]]) -> str:
+        """The prompt text the model's chat template makes of ``messages``."""
+        if self.chat_template is None:
+            raise ValueError(f"model {self.model_name!r} has no chat template")
+        return self.chat_template.render(messages, add_generation_prompt=True)
+
+    def warm(self, prompt: str | Sequence[int], salt: str | None = None, pin: bool = False) -> int:
+        """Prefill ``prompt`` without sampling, leaving its full blocks cached; returns how many
+        prompt tokens are cached afterwards. ``pin`` keeps them from eviction until unpinned."""
+        token_ids = self._encode_all(prompt)[0]
+        self.generate([token_ids], SamplingParams(max_tokens=1, temperature=0.0), salt)
+        if pin:
+            self.cache.pin(token_ids, salt)
+        return self.cache.lookup(token_ids, salt)
+
+    def encode(self, prompt: str | Sequence[int]) -> list[int]:
+        """Token ids of one prompt, validated against the vocabulary and max_model_len."""
+        return self._encode_all(prompt)[0]
+
+    def stats(self) -> dict[str, Any]:
+        """Prefix-cache counters plus engine counters."""
+        stats = self.cache.stats()
+        scheduler = self.engine.scheduler
+        stats.update(
+            preemptions=scheduler.num_preemptions,
+            running=len(scheduler.running),
+            waiting=len(scheduler.waiting),
+            finished_requests=self.engine.num_finished,
+        )
+        return stats
+
+    # ------------------------------------------------------------------ internals
+    def _encode_all(self, prompts: Any) -> list[list[int]]:
+        return [
+            to_token_ids(p, self.tokenizer.encode, self.config.vocab_size, self.max_model_len)
+            for p in normalize_prompts(prompts)
+        ]
+
+    def check_request(self, token_ids: list[int], params: SamplingParams, salt: str | None) -> None:
+        """TypeError/ValueError for a bad salt, bad params, or a request that could never fit in
+        the KV pool, even alone."""
+        check_salt(salt)
+        if not isinstance(params, SamplingParams):
+            raise TypeError(f"params must be SamplingParams, got {type(params).__name__}")
+        needed = -(
+            -min(len(token_ids) + params.max_tokens, self.max_model_len) // self.cache.block_size
+        )
+        if needed > self.cache.num_blocks:
+            raise ValueError(
+                f"the request needs {needed} KV blocks; the pool has {self.cache.num_blocks}"
+            )
+
+    def _add(self, token_ids: list[int], params: SamplingParams, salt: str | None) -> str:
+        request_id = f"req-{next(self._ids)}"
+        self.engine.add_request(request_id, token_ids, params, salt)
+        return request_id
+
+
+def _as_dtype(dtype: torch.dtype | str | None) -> torch.dtype | None:
+    if dtype is None or isinstance(dtype, torch.dtype):
+        return dtype
+    names = {
+        "float32": torch.float32,
+        "fp32": torch.float32,
+        "bfloat16": torch.bfloat16,
+        "bf16": torch.bfloat16,
+        "float16": torch.float16,
+        "fp16": torch.float16,
+    }
+    if dtype not in names:
+        raise ValueError(f"unknown dtype {dtype!r}; choose from {sorted(names)}")
+    return names[dtype]

@@ -1,0 +1,42 @@
+"""Self-attention block minus the attention itself: fused QKV projection, RoPE, output proj."""
+
+from __future__ import annotations
+
+from torch import Tensor, nn
+
+from .attention_fn import AttentionFn
+from .rope import RotaryEmbedding
+
+
+class AttentionProjection(nn.Module):
+    """`o_proj(attention(rope(q), rope(k), v))` for one layer.
+
+    `qkv_proj.weight` is `[(num_heads + 2 * num_kv_heads) * head_dim, hidden]`, rows ordered
+    q, k, v (HF's q_proj, k_proj, v_proj concatenated at load time); `qkv_proj.bias` exists
+    only with `attention_bias` (Qwen2).
+    """
+
+    def __init__(self, layer_idx: int, hidden_size: int, num_heads: int, num_kv_heads: int,
+                 head_dim: int, bias: bool) -> None:
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.num_heads = num_heads
+        self.num_kv_heads = num_kv_heads
+        self.head_dim = head_dim
+        qkv_out = (num_heads + 2 * num_kv_heads) * head_dim
+        self.qkv_proj = nn.Linear(hidden_size, qkv_out, bias=bias)
+        self.o_proj = nn.Linear(num_heads * head_dim, hidden_size, bias=False)
+
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, attention: AttentionFn) -> Tensor:
+        """`x` `[num_tokens, hidden]`, `cos`/`sin` `[num_tokens, 1, head_dim]` -> `[num_tokens,
+        hidden]`."""
+        num_tokens = x.shape[0]
+        qkv = self.qkv_proj(x).view(num_tokens, -1, self.head_dim)  # [T, H + 2 * KV, D]
+        num_rotated = self.num_heads + self.num_kv_heads
+        # One RoPE op over the query and key heads together.
+        qk = RotaryEmbedding.apply(qkv[:, :num_rotated], cos, sin)  # [T, H + KV, D]
+        q = qk[:, : self.num_heads]  # [T, H, D]
+        k = qk[:, self.num_heads :]  # [T, KV, D]
+        v = qkv[:, num_rotated:]  # [T, KV, D]
+        out = attention(self.layer_idx, q, k, v)  # [T, H, D]
+        return self.o_proj(out.reshape(num_tokens, self.num_heads * self.head_dim))

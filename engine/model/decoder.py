@@ -1,0 +1,94 @@
+"""Llama-family decoder (Llama, Mistral, Qwen2) over a flat varlen batch of tokens."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ..model_config import ModelConfig
+from .attention_fn import AttentionFn
+from .attention_projection import AttentionProjection
+from .mlp import SwiGLUMLP
+from .norms import RMSNorm
+from .rope import RotaryEmbedding
+
+# The RoPE table starts this large and grows on CPU when positions go beyond it.
+_INITIAL_ROPE_POSITIONS = 16384
+
+
+class DecoderLayer(nn.Module):
+    """Pre-norm block: `h += attn(norm(h)); h += mlp(norm(h))`."""
+
+    def __init__(self, config: ModelConfig, layer_idx: int) -> None:
+        super().__init__()
+        self.input_norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.attn = AttentionProjection(
+            layer_idx, config.hidden_size, config.num_heads, config.num_kv_heads,
+            config.head_dim, bias=config.attention_bias,
+        )
+        self.post_attention_norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.mlp = SwiGLUMLP(config.hidden_size, config.intermediate_size)
+
+    def forward(self, hidden: Tensor, cos: Tensor, sin: Tensor, attention: AttentionFn) -> Tensor:
+        """`hidden` `[num_tokens, hidden]` -> `[num_tokens, hidden]`."""
+        # The residual adds go into the fresh projection outputs (no extra allocation).
+        hidden = self.attn(self.input_norm(hidden), cos, sin, attention).add_(hidden)
+        return self.mlp(self.post_attention_norm(hidden)).add_(hidden)
+
+
+class CausalLM(nn.Module):
+    """Token ids + positions in, final-normed hidden states out; `compute_logits` on demand.
+
+    Attention is delegated per call to an `AttentionFn`, so the same weights serve the paged
+    runner and the contiguous reference. Weights use the fused layout produced by
+    `prefixcache.engine.weights.build_model`; a module constructed directly has uninitialized
+    parameters. Both methods run under `torch.inference_mode`.
+    """
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.config = config
+        # `_weight` skips the random init (weights always come from a checkpoint).
+        self.embed_tokens = nn.Embedding(
+            config.vocab_size, config.hidden_size,
+            _weight=torch.empty(config.vocab_size, config.hidden_size),
+        )
+        self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.lm_head = None if config.tie_word_embeddings else nn.Linear(
+            config.hidden_size, config.vocab_size, bias=False
+        )
+        self.rotary = RotaryEmbedding(
+            config.head_dim, config.rope_theta, config.rope_scaling,
+            initial_positions=min(config.max_position_embeddings, _INITIAL_ROPE_POSITIONS),
+        )
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.embed_tokens.weight.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.embed_tokens.weight.device
+
+    @torch.inference_mode()
+    def forward(self, input_ids: Tensor, positions: Tensor, attention: AttentionFn) -> Tensor:
+        """`input_ids` `[num_tokens]` int64, `positions` `[num_tokens]` int64 ->
+        hidden `[num_tokens, hidden]` after the final norm."""
+        if input_ids.dim() != 1 or positions.shape != input_ids.shape:
+            raise ValueError(
+                "input_ids and positions must both be 1-D [num_tokens], got "
+                f"{tuple(input_ids.shape)} and {tuple(positions.shape)}"
+            )
+        hidden = self.embed_tokens(input_ids)  # [T, hidden]
+        cos, sin = self.rotary.cos_sin(positions, hidden.dtype)  # [T, 1, head_dim] each
+        for layer in self.layers:
+            hidden = layer(hidden, cos, sin, attention)
+        return self.norm(hidden)
+
+    @torch.inference_mode()
+    def compute_logits(self, hidden: Tensor) -> Tensor:
+        """`hidden` `[n, hidden]` -> logits `[n, vocab]` float32 (matmul in the model dtype)."""
+        weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+        return F.linear(hidden, weight).float()

@@ -1,0 +1,88 @@
+"""Runs one scheduled step on the model: copy-on-write copies, KV writes, paged attention, logits.
+
+The runner owns the KV tensors and never touches the radix tree: it reads block ids from the
+scheduled requests and the copy ops from the scheduler.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from prefixcache.engine.attention_metadata import AttentionMetadata, build_attention_metadata
+from prefixcache.engine.kv_cache import PagedKVCache, calibrate_kv_scales
+from prefixcache.engine.scheduler_output import SchedulerOutput
+from prefixcache.kernels import (
+    copy_blocks,
+    paged_decode_attention,
+    paged_prefill_attention,
+    store_kv,
+)
+
+
+class PagedAttention:
+    """The model's ``AttentionFn`` for one step: store the new k/v, attend over the pool."""
+
+    def __init__(self, kv: PagedKVCache, meta: AttentionMetadata, scale: float) -> None:
+        self.kv = kv
+        self.meta = meta
+        self.scale = scale
+
+    def __call__(
+        self,
+        layer_idx: int,
+        q: torch.Tensor,  # [num_tokens, num_heads, head_dim]
+        k: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
+        v: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
+    ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
+        meta = self.meta
+        k_cache, v_cache = self.kv.k[layer_idx], self.kv.v[layer_idx]
+        k_scale, v_scale = self.kv.k_scale[layer_idx], self.kv.v_scale[layer_idx]
+        store_kv(k, v, k_cache, v_cache, meta.slot_mapping, k_scale, v_scale)
+        split = meta.num_decode_tokens
+        if split == q.shape[0]:
+            return paged_decode_attention(
+                q, k_cache, v_cache, meta.decode_block_tables, meta.decode_seq_lens, self.scale,
+                k_scale, v_scale,
+            )
+        prefill = paged_prefill_attention(
+            q[split:],
+            k[split:],
+            v[split:],
+            k_cache,
+            v_cache,
+            meta.prefill_block_tables,
+            meta.prefill_query_start_loc,
+            meta.prefill_context_lens,
+            self.scale,
+            k_scale,
+            v_scale,
+        )
+        if split == 0:
+            return prefill
+        decode = paged_decode_attention(
+            q[:split], k_cache, v_cache, meta.decode_block_tables, meta.decode_seq_lens, self.scale,
+            k_scale, v_scale,
+        )
+        return torch.cat([decode, prefill])
+
+
+class ModelRunner:
+    """Executes ``SchedulerOutput``s; returns logits of the sequences that sample this step."""
+
+    def __init__(self, model: torch.nn.Module, kv: PagedKVCache, head_dim: int) -> None:
+        """A quantized (fp8/int8) pool gets its static scales here, before any request."""
+        self.model = model
+        self.kv = kv
+        self.scale = head_dim**-0.5
+        calibrate_kv_scales(model, kv)
+
+    @torch.inference_mode()
+    def execute(self, out: SchedulerOutput) -> torch.Tensor:  # [num_sampled, vocab] float32
+        if out.copy_ops:
+            pairs = torch.tensor([[op.src, op.dst] for op in out.copy_ops], dtype=torch.int64)
+            for k_cache, v_cache in zip(self.kv.k, self.kv.v, strict=True):
+                copy_blocks(k_cache, v_cache, pairs)
+        meta = build_attention_metadata(out, self.kv.block_size)
+        attention = PagedAttention(self.kv, meta, self.scale)
+        hidden = self.model(meta.input_ids, meta.positions, attention)  # [num_tokens, hidden]
+        return self.model.compute_logits(hidden[meta.sample_rows])

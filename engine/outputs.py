@@ -1,0 +1,57 @@
+"""What generate() returns: per prompt, one or more completions, cached tokens and timings."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class CompletionOutput:
+    """One sample of a request (``index`` < n)."""
+
+    index: int
+    text: str
+    token_ids: list[int]
+    finish_reason: str | None = None
+    stop_reason: str | int | None = None
+
+
+@dataclass
+class RequestMetricsView:
+    """Seconds: ``ttft`` arrival -> first token, ``tpot`` mean gap after it, ``e2e`` arrival ->
+    finish; ``queue`` arrival -> first scheduled."""
+
+    ttft: float | None = None
+    tpot: float | None = None
+    e2e: float | None = None
+    queue: float | None = None
+
+
+@dataclass
+class RequestOutput:
+    """A request's state; ``text`` / ``token_ids`` / ``finish_reason`` are the first sample's."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    outputs: list[CompletionOutput]
+    num_cached_tokens: int = 0
+    finished: bool = False
+    metrics: RequestMetricsView = field(default_factory=RequestMetricsView)
+    prompt: str | None = None
+    error: str | None = None
+
+    @property
+    def text(self) -> str:
+        return self.outputs[0].text
+
+    @property
+    def token_ids(self) -> list[int]:
+        return self.outputs[0].token_ids
+
+    @property
+    def finish_reason(self) -> str | None:
+        return self.outputs[0].finish_reason
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)

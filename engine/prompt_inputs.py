@@ -1,0 +1,55 @@
+"""Turning what a caller passes as prompts into validated token id lists."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+Prompt = str | Sequence[int]
+
+
+def normalize_prompts(prompts: Any) -> list[Prompt]:
+    """One prompt (a string or a list of token ids) or a list of them -> a list of prompts."""
+    if isinstance(prompts, str):
+        return [prompts]
+    if isinstance(prompts, Sequence) and prompts and all(_is_token_id(t) for t in prompts):
+        return [list(prompts)]
+    if isinstance(prompts, Sequence) and not isinstance(prompts, (bytes, bytearray)):
+        if not prompts:
+            raise ValueError("no prompts given")
+        for prompt in prompts:
+            if not isinstance(prompt, str) and not (
+                isinstance(prompt, Sequence) and all(_is_token_id(t) for t in prompt)
+            ):
+                raise TypeError(
+                    "each prompt must be a string or a list of int token ids, got "
+                    f"{type(prompt).__name__}"
+                )
+        return list(prompts)
+    raise TypeError(f"prompts must be a string, token ids or a list of them, got {type(prompts)}")
+
+
+def to_token_ids(
+    prompt: Prompt,
+    encode: Callable[[str], list[int]],
+    vocab_size: int,
+    max_model_len: int,
+) -> list[int]:
+    """Encode a text prompt (or check a token prompt): non-empty, ids in the vocabulary, and
+    at most ``max_model_len - 1`` tokens so at least one token can be generated."""
+    token_ids = encode(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
+    if not token_ids:
+        raise ValueError("the prompt is empty")
+    bad = [t for t in token_ids if not 0 <= t < vocab_size]
+    if bad:
+        raise ValueError(f"token id {bad[0]} is outside the vocabulary [0, {vocab_size})")
+    if len(token_ids) >= max_model_len:
+        raise ValueError(
+            f"the prompt has {len(token_ids)} tokens; max_model_len is {max_model_len} "
+            "(the prompt plus at least one generated token must fit)"
+        )
+    return token_ids
+
+
+def _is_token_id(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)

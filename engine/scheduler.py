@@ -1,0 +1,191 @@
+"""Continuous batching over the prefix cache: admit, budget, preempt, commit. No tensors here.
+
+Each step the scheduler (1) continues running requests — one decode token each, or the next
+prefill chunk — allocating blocks and copying shared blocks on write, preempting the newest
+request when the pool runs dry; (2) admits waiting requests: a prefix match reuses cached
+blocks (capped so the last prompt token is always computed) and blocks are allocated for the
+first chunk; (3) after the runner ran, commits newly filled blocks to the tree, so later
+requests — and this one, if preempted — hit them.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+
+from prefixcache import CacheFull, PrefixCache
+from prefixcache.engine.request import Request, RequestStatus
+from prefixcache.engine.scheduler_output import ScheduledSequence, SchedulerOutput
+from prefixcache.engine.scheduling_policy import SchedulingPolicy
+
+
+class Scheduler:
+    """Owns the waiting queue and the running list; the ``PrefixCache`` owns the block ids."""
+
+    def __init__(
+        self,
+        cache: PrefixCache,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+        enable_prefix_caching: bool = True,
+        policy: SchedulingPolicy | None = None,
+    ) -> None:
+        self.cache = cache
+        self.block_size = cache.block_size
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.enable_prefix_caching = enable_prefix_caching
+        self.policy = policy or SchedulingPolicy("fcfs")
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.num_preemptions = 0
+        self.step_count = 0
+
+    # ------------------------------------------------------------------ queue
+    def add(self, request: Request) -> None:
+        self.waiting.append(request)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    # ------------------------------------------------------------------ step
+    def schedule(self) -> SchedulerOutput:
+        """Pick this step's work within the token budget and allocate its blocks."""
+        self.step_count += 1
+        out = SchedulerOutput()
+        budget = self.max_num_batched_tokens
+        index = 0
+        while index < len(self.running) and budget > 0:
+            request = self.running[index]
+            num_new = min(request.num_tokens - request.num_computed_tokens, budget)
+            if not self._reserve_with_preemption(request, num_new, out):
+                break  # the request preempted itself: it was the newest
+            self._add_scheduled(out, request, num_new)
+            budget -= num_new
+            index += 1
+        if not out.preempted:
+            for request in self.policy.order(self.waiting, self.cache, self.step_count):
+                if budget <= 0 or len(self.running) >= self.max_num_seqs:
+                    break
+                num_new = self._admit(request, budget)
+                if num_new is None:
+                    break
+                self.waiting.remove(request)
+                self._add_scheduled(out, request, num_new)
+                budget -= num_new
+        return out
+
+    def _add_scheduled(self, out: SchedulerOutput, request: Request, num_new: int) -> None:
+        context = request.num_computed_tokens
+        samples = context + num_new == request.num_tokens
+        seq = ScheduledSequence(request, context, num_new, samples)
+        (out.decodes if num_new == 1 and context > 0 else out.prefills).append(seq)
+
+    def _reserve_with_preemption(
+        self, request: Request, num_new: int, out: SchedulerOutput
+    ) -> bool:
+        while not self._reserve(request, num_new, out):
+            victim = self.running[-1]
+            self.preempt(victim)
+            out.preempted.append(victim)
+            if victim is request:
+                return False
+        return True
+
+    def _reserve(self, request: Request, num_new: int, out: SchedulerOutput) -> bool:
+        """Make room for ``num_new`` more tokens: copy a shared partial block, add new blocks."""
+        bs = self.block_size
+        start = request.num_computed_tokens
+        try:
+            if start % bs:
+                slot = start // bs
+                block, op = self.cache.copy_on_write(request.block_ids[slot])
+                if op is not None:
+                    request.block_ids[slot] = block
+                    out.copy_ops.append(op)
+            need = -(-(start + num_new) // bs) - len(request.block_ids)
+            if need > 0:
+                request.block_ids.extend(self.cache.allocate(need))
+        except CacheFull:
+            return False
+        return True
+
+    def _admit(self, request: Request, budget: int) -> int | None:
+        """Match the prefix, allocate the first chunk's blocks, move to running; returns the
+        chunk size, or None (nothing changed) when the pool cannot hold the chunk."""
+        cached: list[int] = []
+        num_cached = 0
+        if self.enable_prefix_caching:
+            match = self.cache.match(
+                request.all_tokens, request.salt, max_tokens=request.num_tokens - 1
+            )
+            cached, num_cached = match.block_ids, match.num_tokens
+        num_new = min(request.num_tokens - num_cached, budget)
+        need = -(-(num_cached + num_new) // self.block_size) - len(cached)
+        try:
+            fresh = self.cache.allocate(need)
+        except CacheFull:
+            self.cache.release(cached)
+            return None
+        request.block_ids = cached + fresh
+        request.num_computed_tokens = num_cached
+        request.num_committed_blocks = len(cached)
+        if request.num_cached_tokens is None:
+            request.num_cached_tokens = num_cached
+        request.status = RequestStatus.RUNNING
+        if request.metrics.first_scheduled_time is None:
+            request.metrics.first_scheduled_time = time.perf_counter()
+        self.running.append(request)
+        return num_new
+
+    # ------------------------------------------------------------------ after the step
+    def commit_step(self, out: SchedulerOutput) -> None:
+        """Record the computed tokens and offer newly filled blocks to the prefix cache."""
+        for seq in out.sequences:
+            request = seq.request
+            request.num_computed_tokens += seq.num_new_tokens
+            self.commit_blocks(request)
+
+    def commit_blocks(self, request: Request) -> None:
+        full = request.num_computed_tokens // self.block_size
+        if self.enable_prefix_caching and full > request.num_committed_blocks:
+            self.cache.insert(
+                request.tokens[: full * self.block_size], request.block_ids[:full], request.salt
+            )
+        request.num_committed_blocks = max(full, request.num_committed_blocks)
+
+    def fork(self, parent: Request, child: Request) -> None:
+        """Start ``child`` on ``parent``'s blocks (shared by reference, copied on write)."""
+        self.cache.fork(parent.block_ids)
+        child.block_ids = list(parent.block_ids)
+        child.num_computed_tokens = parent.num_computed_tokens
+        child.num_committed_blocks = parent.num_committed_blocks
+        child.num_cached_tokens = parent.num_cached_tokens
+        child.status = RequestStatus.RUNNING
+        self.running.append(child)
+
+    def preempt(self, request: Request) -> None:
+        """Free a running request's blocks (its full blocks stay cached) and requeue it first."""
+        self.running.remove(request)
+        self._release_blocks(request)
+        request.status = RequestStatus.PREEMPTED
+        request.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(request)
+
+    def finish(self, request: Request, reason: str) -> None:
+        """End a request (stop, length, abort): release its blocks, keep its cached prefix."""
+        if request.status is RequestStatus.RUNNING:
+            self.running.remove(request)
+        elif request.status is not RequestStatus.FINISHED and request in self.waiting:
+            self.waiting.remove(request)
+        self._release_blocks(request)
+        request.status = RequestStatus.FINISHED
+        request.finish_reason = reason
+
+    def _release_blocks(self, request: Request) -> None:
+        if request.block_ids:
+            self.cache.release(request.block_ids)
+        request.block_ids = []
+        request.num_computed_tokens = 0
+        request.num_committed_blocks = 0

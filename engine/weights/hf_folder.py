@@ -1,0 +1,62 @@
+"""Read a Hugging Face model folder: config.json + *.safetensors (Llama / Mistral / Qwen2)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from safetensors.torch import load_file
+from torch import Tensor
+
+from ..model_config import ModelConfig
+
+
+def read_json(path: Path) -> Any:
+    """Parse a JSON file; a syntax error becomes a ValueError naming the file."""
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as error:
+        raise ValueError(f"{path} is not valid JSON: {error}") from error
+
+
+def read_hf_config(folder: Path) -> ModelConfig:
+    """`ModelConfig` from `folder/config.json`."""
+    config_path = folder / "config.json"
+    if not config_path.is_file():
+        raise ValueError(f"{folder} has no config.json")
+    return ModelConfig.from_hf_config(read_json(config_path))
+
+
+def safetensors_files(folder: Path) -> list[Path]:
+    """The checkpoint's shards: those named by `model.safetensors.index.json`, else
+    `model.safetensors`, else every `*.safetensors` (ValueError if none)."""
+    index_path = folder / "model.safetensors.index.json"
+    if index_path.is_file():
+        weight_map = read_json(index_path).get("weight_map") or {}
+        files = [folder / name for name in sorted(set(weight_map.values()))]
+        missing = [f.name for f in files if not f.is_file()]
+        if missing or not files:
+            raise ValueError(f"{index_path} names missing shard(s): {missing or 'none listed'}")
+        return files
+    if (folder / "model.safetensors").is_file():
+        return [folder / "model.safetensors"]
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        raise ValueError(f"{folder} has no *.safetensors weight files")
+    return files
+
+
+def read_hf_state_dict(folder: Path) -> dict[str, Tensor]:
+    """All tensors of all shards, under their HF names (ValueError on a duplicate name)."""
+    tensors: dict[str, Tensor] = {}
+    for path in safetensors_files(folder):
+        try:
+            shard = load_file(str(path))
+        except Exception as error:  # safetensors raises its own error types
+            raise ValueError(f"cannot read weights from {path}: {error}") from error
+        duplicate = tensors.keys() & shard.keys()
+        if duplicate:
+            raise ValueError(f"tensor {sorted(duplicate)[0]!r} appears in two shards")
+        tensors.update(shard)
+    return tensors

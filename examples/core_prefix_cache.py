@@ -1,0 +1,22 @@
+"""The core on its own: match a prompt, allocate the rest, cache its full blocks, hit them again.
+
+Run: python examples/core_prefix_cache.py
+"""
+
+from prefixcache import PrefixCache
+
+cache = PrefixCache(num_blocks=8, block_size=4)
+system = [101, 102, 103, 104, 105, 106, 107, 108]  # two full blocks of a shared system prompt
+prompt = [*system, 7, 8, 9]
+
+cold = cache.match(prompt)  # nothing cached yet
+blocks = cold.block_ids + cache.allocate(3 - len(cold.block_ids))  # 11 tokens -> 3 blocks
+print("cold match:", cold)
+print("newly cached blocks:", cache.insert(prompt, blocks))  # only the 2 full blocks
+cache.release(blocks)  # the request is done; its full blocks stay cached, evictable
+
+warm = cache.match([*system, 1, 2, 3, 4, 5])  # another request with the same system prompt
+print("warm match:", warm)
+cache.release(warm.block_ids)
+print({key: cache.stats()[key] for key in ("free", "in_use", "cached", "hit_tokens")})
+cache.check_invariants()

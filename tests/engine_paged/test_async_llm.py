@@ -1,0 +1,111 @@
+"""AsyncLLM: streaming, many concurrent requests, aborts and disconnects free their blocks."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from prefixcache.engine.async_llm import AsyncLLM
+from prefixcache.engine.llm import LLM
+from prefixcache.engine.sampling_params import SamplingParams
+
+GREEDY = SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_llama_dir: Path):
+    engine = AsyncLLM(model=str(tiny_llama_dir), dtype="float32", num_blocks=128, block_size=4)
+    yield engine
+    engine.shutdown()
+
+
+def checked_stats(llm: LLM) -> dict:
+    llm.cache.check_invariants()
+    return llm.stats()
+
+
+async def collect(engine: AsyncLLM, prompt, request_id: str | None = None, params=GREEDY):
+    outputs = [out async for out in engine.generate(prompt, params, request_id)]
+    return outputs
+
+
+def test_streams_growing_snapshots(engine: AsyncLLM, tiny_llama_dir: Path) -> None:
+    outputs = asyncio.run(collect(engine, [1, 2, 3, 4, 5]))
+    lengths = [len(o.token_ids) for o in outputs]
+    assert lengths == list(range(1, 11)) and outputs[-1].finished
+    assert not any(o.finished for o in outputs[:-1])
+    reference = LLM(str(tiny_llama_dir), dtype="float32", num_blocks=64)
+    assert outputs[-1].token_ids == reference.generate([[1, 2, 3, 4, 5]], GREEDY)[0].token_ids
+
+
+def test_many_concurrent_requests_all_complete(engine: AsyncLLM) -> None:
+    prompts = [[(i * 5 + j) % 200 + 1 for j in range(12 + i % 5)] for i in range(24)]
+
+    async def run_all():
+        return await asyncio.gather(*(collect(engine, p) for p in prompts))
+
+    results = asyncio.run(run_all())
+    assert all(r[-1].finished and len(r[-1].token_ids) == 10 for r in results)
+    stats = engine.stats()
+    assert stats["in_use"] == 0 and stats["running"] == 0
+
+
+def test_leaving_the_stream_aborts_and_frees(engine: AsyncLLM) -> None:
+    async def leave_early():
+        stream = engine.generate([9, 8, 7, 6], SamplingParams(max_tokens=200, ignore_eos=True))
+        async for out in stream:
+            if len(out.token_ids) >= 2:
+                break
+        await stream.aclose()
+        # the worker applies the abort before anything queued after it
+        return await engine.call(checked_stats)
+
+    stats = asyncio.run(leave_early())
+    assert stats["in_use"] == 0 and stats["running"] == 0
+
+
+def test_abort_by_id(engine: AsyncLLM) -> None:
+    async def run():
+        params = SamplingParams(max_tokens=300, ignore_eos=True)
+        task = asyncio.ensure_future(collect(engine, [3, 3, 3], "to-abort", params))
+        while not await engine.call(lambda llm: "to-abort" in llm.engine.groups):
+            pass
+        await engine.abort("to-abort")
+        return await task, await engine.call(checked_stats)
+
+    outputs, stats = asyncio.run(run())
+    assert outputs[-1].finished and outputs[-1].finish_reason == "abort"
+    assert stats["in_use"] == 0
+
+
+def test_bad_input_raises_before_queueing(engine: AsyncLLM) -> None:
+    async def run(prompt, salt=None):
+        return (
+            await collect(engine, prompt)
+            if salt is None
+            else [o async for o in engine.generate(prompt, GREEDY, salt=salt)]
+        )
+
+    with pytest.raises(ValueError, match="vocabulary"):
+        asyncio.run(run([1, 99999]))
+    with pytest.raises(TypeError):
+        asyncio.run(run([1, 2], salt=123))
+    assert asyncio.run(run([1, 2]))[-1].finished
+
+
+def test_warm_pin_and_reset(engine: AsyncLLM) -> None:
+    prefix = list(range(30, 50))  # 20 tokens = 5 blocks of 4
+
+    async def run():
+        cached = await engine.warm(prefix, pin=True)
+        survived = await engine.reset_cache()
+        looked = await engine.call(lambda llm: llm.cache.lookup(prefix))
+        await engine.unpin(prefix)
+        await engine.reset_cache()
+        after = await engine.call(lambda llm: llm.cache.lookup(prefix))
+        return cached, survived, looked, after
+
+    cached, _, looked, after = asyncio.run(run())
+    assert cached == 20 and looked == 20 and after == 0

@@ -1,0 +1,103 @@
+"""A cached answer equals an uncached one: every cache path against the no-reuse path."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from prefixcache.engine.llm import LLM
+from prefixcache.engine.sampling_params import SamplingParams
+
+GREEDY = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
+
+
+def shared_prefix_prompts() -> list[list[int]]:
+    """Prompts sharing a 37-token system prefix (not a block multiple), plus repeats."""
+    system = [(7 * i) % 300 + 1 for i in range(37)]
+    questions = [[11, 12, 13], [11, 12, 14, 15, 16], list(range(40, 61)), [99]]
+    prompts = [system + q for q in questions]
+    return prompts + prompts[:2] + [system[:20]]
+
+
+def run_engine(folder: Path, prompts: list[list[int]], **kwargs) -> tuple[list[list[int]], LLM]:
+    llm = LLM(str(folder), dtype="float32", **kwargs)
+    tokens = []
+    for prompt in prompts:  # one at a time, so later prompts hit what earlier ones cached
+        tokens.append(llm.generate([prompt], GREEDY)[0].token_ids)
+    return tokens, llm
+
+
+def assert_idle_and_consistent(llm: LLM) -> None:
+    llm.cache.check_invariants()
+    stats = llm.stats()
+    assert stats["in_use"] == 0 and stats["running"] == 0 and stats["waiting"] == 0
+
+
+@pytest.mark.parametrize("block_size", [4, 16])
+@pytest.mark.parametrize("chunk", [5, 64])
+def test_cached_equals_uncached(tiny_llama_dir: Path, block_size: int, chunk: int) -> None:
+    prompts = shared_prefix_prompts()
+    expected, _ = run_engine(
+        tiny_llama_dir, prompts, enable_prefix_caching=False, num_blocks=64, block_size=block_size
+    )
+    got, llm = run_engine(
+        tiny_llama_dir, prompts, num_blocks=64, block_size=block_size, max_num_batched_tokens=chunk
+    )
+    assert got == expected
+    stats = llm.stats()
+    assert stats["hit_tokens"] >= 4 * (37 // block_size) * block_size  # later prompts hit
+    assert_idle_and_consistent(llm)
+
+
+def test_batched_equals_sequential(tiny_qwen2_dir: Path) -> None:
+    """Many requests in one batch (decode + chunked prefill mixed) equal one-at-a-time runs."""
+    prompts = shared_prefix_prompts()
+    expected, _ = run_engine(tiny_qwen2_dir, prompts, enable_prefix_caching=False, num_blocks=64)
+    llm = LLM(str(tiny_qwen2_dir), dtype="float32", num_blocks=128, max_num_batched_tokens=24)
+    outputs = llm.generate(prompts, GREEDY)
+    assert [o.token_ids for o in outputs] == expected
+    assert_idle_and_consistent(llm)
+
+
+def test_preemption_by_a_tiny_pool(tiny_llama_dir: Path) -> None:
+    """A pool too small for the batch preempts; resumed requests hit their own cached blocks."""
+    prompts = [[(3 * i + j) % 250 + 1 for i in range(24)] for j in range(4)]
+    params = SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True)
+    reference = LLM(str(tiny_llama_dir), dtype="float32", num_blocks=256, block_size=4)
+    expected = [reference.generate([p], params)[0].token_ids for p in prompts]
+    llm = LLM(str(tiny_llama_dir), dtype="float32", num_blocks=24, block_size=4)
+    outputs = llm.generate(prompts, params)
+    assert [o.token_ids for o in outputs] == expected
+    assert llm.stats()["preemptions"] > 0
+    assert_idle_and_consistent(llm)
+
+
+def test_n_samples_share_the_prompt_blocks(tiny_llama_dir: Path) -> None:
+    """n > 1 forks the prompt's blocks; greedy samples all equal the n = 1 answer, seeded
+    samples are reproducible, and no block leaks."""
+    prompt = list(range(1, 23))  # 22 tokens: the last block is partial, so writes copy it
+    llm = LLM(str(tiny_llama_dir), dtype="float32", num_blocks=64, block_size=8)
+    single = llm.generate([prompt], GREEDY)[0]
+    forked = llm.generate(
+        [prompt], SamplingParams(max_tokens=12, temperature=0.0, n=3, ignore_eos=True)
+    )[0]
+    assert [o.token_ids for o in forked.outputs] == [single.token_ids] * 3
+    sampled = SamplingParams(max_tokens=12, temperature=1.0, n=3, seed=7, ignore_eos=True)
+    first = llm.generate([prompt], sampled)[0]
+    second = llm.generate([prompt], sampled)[0]
+    assert [o.token_ids for o in first.outputs] == [o.token_ids for o in second.outputs]
+    assert len({tuple(o.token_ids) for o in first.outputs}) > 1
+    assert_idle_and_consistent(llm)
+
+
+def test_warm_then_pin_survives_pressure(tiny_llama_dir: Path) -> None:
+    llm = LLM(str(tiny_llama_dir), dtype="float32", num_blocks=24, block_size=4)
+    system = list(range(1, 33))
+    assert llm.warm(system, pin=True) == 32
+    for j in range(8):  # fill the pool with other prompts
+        llm.generate([[200 + j] * 30], SamplingParams(max_tokens=8, temperature=0.0))
+    assert llm.cache.lookup(system) == 32
+    out = llm.generate([[*system, 5, 6]], GREEDY)[0]
+    assert out.num_cached_tokens == 32
+    assert_idle_and_consistent(llm)

@@ -1,0 +1,85 @@
+"""Scheduler behaviour: token budget, cache-aware admission order, unschedulable requests."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from prefixcache import PrefixCache
+from prefixcache.engine.llm import LLM
+from prefixcache.engine.request import Request
+from prefixcache.engine.sampling_params import SamplingParams
+from prefixcache.engine.scheduler import Scheduler
+from prefixcache.engine.scheduling_policy import SchedulingPolicy
+
+PARAMS = SamplingParams(max_tokens=4, temperature=0.0)
+
+
+def make_request(name: str, tokens: list[int]) -> Request:
+    return Request(name, tokens, PARAMS)
+
+
+def test_token_budget_chunks_prefill_and_decodes_first() -> None:
+    cache = PrefixCache(num_blocks=64, block_size=4)
+    scheduler = Scheduler(cache, max_num_seqs=8, max_num_batched_tokens=10)
+    scheduler.add(make_request("a", list(range(1, 26))))  # 25 tokens: 3 chunks of <= 10
+    chunks = []
+    while scheduler.waiting or any(r.num_computed_tokens < r.num_tokens for r in scheduler.running):
+        out = scheduler.schedule()
+        chunks.append(out.num_tokens)
+        assert out.num_tokens <= 10
+        scheduler.commit_step(out)
+    assert chunks == [10, 10, 5]
+    request = scheduler.running[0]
+    assert len(request.block_ids) == 7 and cache.stats()["cached_blocks_total"] == 6
+    scheduler.finish(request, "stop")
+    assert cache.stats()["in_use"] == 0
+    cache.check_invariants()
+
+
+def test_cache_aware_order_prefers_long_hits_but_bounds_waiting() -> None:
+    cache = PrefixCache(num_blocks=64, block_size=4)
+    hot = list(range(1, 17))
+    blocks = cache.allocate(4)
+    cache.insert(hot, blocks)
+    cache.release(blocks)
+    cold = make_request("cold", [99] * 16)
+    warm = make_request("warm", [*hot, 5])
+    policy = SchedulingPolicy("cache-aware", max_wait_steps=3)
+    assert [r.request_id for r in policy.order([cold, warm], cache, step=1)] == ["cold", "warm"][
+        ::-1
+    ]
+    # after max_wait_steps the overdue request goes first whatever its hit length
+    assert [r.request_id for r in policy.order([cold, warm], cache, step=4)] == ["cold", "warm"]
+
+
+def test_fcfs_keeps_arrival_order() -> None:
+    cache = PrefixCache(num_blocks=8, block_size=4)
+    requests = [make_request(str(i), [i + 1] * 5) for i in range(3)]
+    assert SchedulingPolicy("fcfs").order(requests, cache, 1) == requests
+
+
+def test_pinned_blocks_make_a_request_unschedulable(tiny_llama_dir: Path) -> None:
+    """A request that cannot fit even alone (pins hold the pool) fails with a clear error and
+    the engine keeps serving."""
+    llm = LLM(str(tiny_llama_dir), dtype="float32", num_blocks=12, block_size=4)
+    pinned = list(range(1, 33))  # 8 blocks
+    assert llm.warm(pinned, pin=True) == 32
+    engine = llm.engine
+    engine.add_request("too-big", [200] * 30, SamplingParams(max_tokens=8))
+    outputs = []
+    while engine.has_unfinished():
+        outputs += engine.step()
+    assert outputs[-1].finished and "KV blocks" in (outputs[-1].error or "")
+    llm.cache.unpin(pinned)
+    assert llm.generate([[200] * 30], SamplingParams(max_tokens=8))[0].finished
+    assert llm.stats()["in_use"] == 0
+    llm.cache.check_invariants()
+
+
+def test_request_tokens_buffer_grows_with_outputs() -> None:
+    request = make_request("r", [1, 2, 3])
+    request.append_token(7)
+    assert request.output_token_ids == [7] and list(request.all_tokens) == [1, 2, 3, 7]
+    assert request.all_tokens.dtype == np.int32
