@@ -100,10 +100,7 @@ class PrefixCache:
             return PrefixMatch([], 0)
         ids = path.block_ids()
         self.pool.acquire_unique(ids)
-        self._clock += 1
-        for node, _ in path.steps:
-            node.last_access = self._clock
-            self._refresh(node)
+        self._touch(path)
         num_tokens = path.num_blocks * self.block_size
         self.hit_tokens += num_tokens
         return PrefixMatch(ids.tolist(), num_tokens)
@@ -184,11 +181,7 @@ class PrefixCache:
         new_ids = ids[plan.path.num_blocks : num_full]
         if not plan.blocked:
             self._check_insertable(new_ids)
-        self._clock += 1
-        for node, _ in plan.path.steps:
-            node.last_access = self._clock
-            node.priority = max(node.priority, priority)
-            self._refresh(node)
+        self._touch(plan.path, priority)
         if plan.blocked or not len(new_ids):
             return 0
         _, changed, hashes = self.tree.commit_insert(plan, tokens, new_ids, priority, self._clock)
@@ -322,6 +315,20 @@ class PrefixCache:
     ) -> PathMatch:
         limit = len(tokens) if max_tokens is None else min(len(tokens), max(0, max_tokens))
         return self.tree.walk(self._namespace(salt, extra_keys), tokens, limit // self.block_size)
+
+    def _touch(self, path: PathMatch, priority: int | None = None) -> None:
+        """Refresh the recency (and raise the priority) of exactly the matched blocks: a node
+        matched only in part is split first, so its unmatched tail keeps its old recency."""
+        if path.steps:
+            node, matched = path.steps[-1]
+            if matched < len(node.block_ids):
+                path.steps[-1] = (self.tree.split(node, matched), matched)
+        self._clock += 1
+        for node, _ in path.steps:
+            node.last_access = self._clock
+            if priority is not None:
+                node.priority = max(node.priority, priority)
+            self._refresh(node)
 
     def _is_evictable(self, node: RadixNode) -> bool:
         return (

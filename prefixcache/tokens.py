@@ -23,11 +23,8 @@ def as_token_array(token_ids: TokenIds) -> np.ndarray:
     elif isinstance(token_ids, (str, bytes, bytearray)):
         raise TypeError(f"token_ids must be a sequence of ints, got {type(token_ids).__name__}")
     else:
-        try:
-            array = np.asarray(token_ids)
-        except (ValueError, OverflowError) as error:
-            raise ValueError(f"token_ids cannot be read as integers: {error}") from None
-        if array.size == 0 and array.ndim == 1:
+        array = _list_to_array(token_ids)
+        if array.size == 0:
             return np.zeros(0, dtype=np.int32)
     if array.ndim != 1:
         raise TypeError(f"token_ids must be one-dimensional, got shape {array.shape}")
@@ -41,6 +38,23 @@ def as_token_array(token_ids: TokenIds) -> np.ndarray:
     if array.dtype != np.int32:
         array = array.astype(np.int32)
     return np.ascontiguousarray(array)
+
+
+def _list_to_array(token_ids: Sequence[int]) -> np.ndarray:
+    """A list of Python (or numpy) ints -> int64 array; bools and other types -> TypeError,
+    ints beyond int64 -> ValueError."""
+    if not isinstance(token_ids, Sequence):
+        raise TypeError(f"token_ids must be a sequence of ints, got {type(token_ids).__name__}")
+    kinds = set(map(type, token_ids))
+    if not kinds <= {int} and not all(
+        k is not bool and issubclass(k, (int, np.integer)) for k in kinds
+    ):
+        names = sorted(k.__name__ for k in kinds)
+        raise TypeError(f"token ids must be ints, got elements of type {', '.join(names)}")
+    try:
+        return np.array(token_ids, dtype=np.int64)
+    except OverflowError:
+        raise ValueError("token ids must be < 2**31, got one beyond 64 bits") from None
 
 
 def as_block_ids(block_ids: Sequence[int] | np.ndarray, num_blocks: int) -> np.ndarray:
