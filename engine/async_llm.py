@@ -69,7 +69,7 @@ class AsyncLLM:
         request_id = request_id or f"async-{next(self._ids)}"
         stream: asyncio.Queue = asyncio.Queue()
         with self._lock:
-            self._raise_if_dead()
+            self.raise_if_dead()
             if request_id in self._streams:
                 raise ValueError(f"request id {request_id!r} is already running")
             self._streams[request_id] = (asyncio.get_running_loop(), stream)
@@ -206,7 +206,8 @@ class AsyncLLM:
             with contextlib.suppress(RuntimeError):
                 loop.call_soon_threadsafe(stream.put_nowait, item)
 
-    def _raise_if_dead(self) -> None:
+    def raise_if_dead(self) -> None:
+        """EngineDeadError if the worker stopped (shutdown or an internal failure)."""
         if self._dead is not None or self._stopping:
             raise self._dead or EngineDeadError("the engine is shutting down")
 

@@ -14,7 +14,11 @@ import importlib
 
 import typer
 
-SUBCOMMAND_MODULES: tuple[str, ...] = ("prefixcache.integrations.cli_kv_size",)
+SUBCOMMAND_MODULES: tuple[str, ...] = (
+    "prefixcache.integrations.cli_kv_size",
+    "prefixcache.integrations.cli_bench",
+    "prefixcache.integrations.cli_serve",
+)
 
 
 def build_app() -> typer.Typer:

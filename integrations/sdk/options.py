@@ -1,0 +1,39 @@
+"""Generation options shared by every client, and their two encodings (JSON body, params)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from prefixcache.engine.sampling_params import SamplingParams
+
+
+@dataclass(frozen=True)
+class GenerationOptions:
+    """The OpenAI sampling fields the SDK passes through (None: the server's default)."""
+
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    seed: int | None = None
+    n: int = 1
+    stop: list[str] = field(default_factory=list)
+    salt: str | None = None
+
+    def openai_fields(self) -> dict[str, Any]:
+        """The request-body fields (unset ones left out, so any OpenAI server accepts them)."""
+        fields = {k: v for k, v in asdict(self).items() if v not in (None, []) and k != "salt"}
+        if self.n == 1:
+            fields.pop("n")
+        if self.salt is not None:
+            fields["cache_salt"] = self.salt
+        return fields
+
+    def sampling_params(self, default_max_tokens: int) -> SamplingParams:
+        """Engine params for in-process calls (raises TypeError/ValueError like the engine)."""
+        return SamplingParams(
+            max_tokens=self.max_tokens if self.max_tokens is not None else default_max_tokens,
+            temperature=1.0 if self.temperature is None else self.temperature,
+            top_p=1.0 if self.top_p is None else self.top_p,
+            seed=self.seed, n=self.n, stop=list(self.stop),
+        )

@@ -1,0 +1,124 @@
+"""RAG middleware: canonical prompts from (system, retrieved chunks, question), cache-aware
+chunk order, and document warming.
+
+A retriever returns the right chunks in an order that varies with the query; pasted as is,
+each order is a new token prefix and a cache miss. ``RagPromptBuilder`` formats each chunk
+canonically and puts the set in a fixed order (by chunk id), so the same retrieved set always
+yields the same prefix. ``RagMiddleware`` can go further: among the chunks of a query it picks,
+one position at a time, the chunk that extends the longest already-cached prefix
+(``cache_aware=True``), then the rest in canonical order. The question always comes last.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from prefixcache.integrations.sdk.canonical import canonical_text
+from prefixcache.integrations.sdk.results import Completion
+
+
+@dataclass(frozen=True)
+class RetrievedChunk:
+    """A retrieved passage; ``id`` names it stably (e.g. "doc-12#3")."""
+
+    id: str
+    text: str
+
+
+class RagClient(Protocol):
+    """What the middleware needs: ``Client`` and ``LocalClient`` both fit."""
+
+    def chat(self, messages: Sequence[Mapping[str, Any]], **options: Any) -> Completion: ...
+
+    def lookup(self, prompt: Any = None, *, messages: Any = None, salt: str | None = None
+               ) -> int: ...
+
+    def warm(self, prompt: Any = None, *, messages: Any = None, pin: bool = False,
+             salt: str | None = None) -> int: ...
+
+
+class RagPromptBuilder:
+    """Chat messages ``[system + context, user question]`` with canonical formatting."""
+
+    def __init__(self, system: str, context_header: str = "Context documents:") -> None:
+        self.system = canonical_text(system)
+        self.context_header = context_header
+
+    @staticmethod
+    def canonical_order(chunks: Iterable[RetrievedChunk]) -> list[RetrievedChunk]:
+        """Duplicates (same id) dropped, sorted by id: one order per retrieved set."""
+        unique = {chunk.id: chunk for chunk in chunks}
+        return [unique[key] for key in sorted(unique)]
+
+    def format_chunk(self, chunk: RetrievedChunk) -> str:
+        return f"[{chunk.id}]\n{canonical_text(chunk.text)}\n\n"
+
+    def system_content(self, ordered: Sequence[RetrievedChunk]) -> str:
+        """The system message text for chunks already in their final order."""
+        context = "".join(self.format_chunk(chunk) for chunk in ordered)
+        return f"{self.system}\n\n{self.context_header}\n\n{context}"
+
+    def messages(self, question: str, ordered: Sequence[RetrievedChunk]) -> list[dict[str, str]]:
+        """The prompt for ``question`` over chunks in the given order."""
+        return [{"role": "system", "content": self.system_content(ordered)},
+                {"role": "user", "content": canonical_text(question)}]
+
+    def prefix_messages(self, ordered: Sequence[RetrievedChunk]) -> list[dict[str, str]]:
+        """The cacheable part (system + context), for lookups and warming."""
+        return [{"role": "system", "content": self.system_content(ordered)}]
+
+
+class RagMiddleware:
+    """Ask questions over retrieved chunks through ``client`` with reusable prefixes.
+
+    ``canonical=False`` keeps the retriever's order (the baseline the benchmark compares
+    against); ``cache_aware`` orders by cached-prefix extension (one lookup per candidate per
+    position: O(k^2) lookups for k chunks)."""
+
+    def __init__(self, client: RagClient, builder: RagPromptBuilder, *, canonical: bool = True,
+                 cache_aware: bool = True, salt: str | None = None) -> None:
+        self.client, self.builder = client, builder
+        self.canonical, self.cache_aware, self.salt = canonical, cache_aware, salt
+
+    def order(self, chunks: Sequence[RetrievedChunk]) -> list[RetrievedChunk]:
+        """The order the chunks go into the prompt."""
+        if not self.canonical:
+            return list(chunks)
+        remaining = self.builder.canonical_order(chunks)
+        if not self.cache_aware:
+            return remaining
+        chosen: list[RetrievedChunk] = []
+        cached = self._cached(chosen)
+        while remaining:
+            scored = [(self._cached([*chosen, chunk]), -i, chunk)
+                      for i, chunk in enumerate(remaining)]
+            best_cached, _, best = max(scored, key=lambda item: (item[0], item[1]))
+            if best_cached <= cached:
+                break  # nothing extends the cached prefix: the rest in canonical order
+            chosen.append(best)
+            remaining.remove(best)
+            cached = best_cached
+        return chosen + remaining
+
+    def messages(self, question: str, chunks: Sequence[RetrievedChunk]) -> list[dict[str, str]]:
+        return self.builder.messages(question, self.order(chunks))
+
+    def ask(self, question: str, chunks: Sequence[RetrievedChunk], **options: Any) -> Completion:
+        """Answer ``question`` from ``chunks``; ``usage.cached_tokens`` shows the reuse."""
+        options.setdefault("salt", self.salt)
+        return self.client.chat(self.messages(question, chunks), **options)
+
+    def warm_documents(self, chunks: Iterable[RetrievedChunk], pin: bool = False) -> int:
+        """Prefill the system prompt followed by each chunk alone, so any query whose prompt
+        starts with that chunk hits the cache; returns the tokens cached in total."""
+        total = 0
+        for chunk in self.builder.canonical_order(chunks):
+            total += self.client.warm(messages=self.builder.prefix_messages([chunk]), pin=pin,
+                                      salt=self.salt)
+        return total
+
+    def _cached(self, ordered: Sequence[RetrievedChunk]) -> int:
+        return self.client.lookup(messages=self.builder.prefix_messages(ordered),
+                                  salt=self.salt)

@@ -1,0 +1,69 @@
+"""What every SDK client returns, whatever the transport: completions, chunks, usage."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Usage:
+    """Token counts of one call; ``cached_tokens`` prompt tokens were served from the cache."""
+
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+    @classmethod
+    def from_openai(cls, usage: dict[str, Any] | None) -> Usage:
+        """From an OpenAI ``usage`` object (``prompt_tokens_details`` may be absent)."""
+        if not usage:
+            return cls()
+        details = usage.get("prompt_tokens_details") or {}
+        return cls(
+            prompt_tokens=int(usage.get("prompt_tokens") or 0),
+            completion_tokens=int(usage.get("completion_tokens") or 0),
+            cached_tokens=int(details.get("cached_tokens") or 0),
+        )
+
+
+@dataclass(frozen=True)
+class Completion:
+    """A finished call: ``texts[i]`` is choice ``i``; ``text`` is the first."""
+
+    texts: list[str]
+    finish_reasons: list[str | None]
+    usage: Usage = field(default_factory=Usage)
+
+    @property
+    def text(self) -> str:
+        return self.texts[0]
+
+    @property
+    def finish_reason(self) -> str | None:
+        return self.finish_reasons[0]
+
+    @classmethod
+    def from_openai(cls, body: dict[str, Any]) -> Completion:
+        """From a /v1/completions or /v1/chat/completions response body."""
+        choices = sorted(body["choices"], key=lambda choice: choice["index"])
+        texts = [
+            choice["text"] if "text" in choice else (choice["message"].get("content") or "")
+            for choice in choices
+        ]
+        return cls(texts, [c.get("finish_reason") for c in choices],
+                   Usage.from_openai(body.get("usage")))
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """One streamed piece of choice 0: new ``text``; the last chunk has ``finish_reason`` and,
+    where the server reports it, ``usage``."""
+
+    text: str
+    finish_reason: str | None = None
+    usage: Usage | None = None

@@ -1,0 +1,72 @@
+"""The app factory: an OpenAI-compatible FastAPI app in front of one ``AsyncLLM``.
+
+``build_app(engine, ...)`` does not own the engine: whoever built it shuts it down (the
+``serve`` command does so when uvicorn stops).
+"""
+
+from __future__ import annotations
+
+import secrets
+
+from fastapi import FastAPI, Request
+from starlette.middleware.base import BaseHTTPMiddleware, RequestResponseEndpoint
+from starlette.responses import Response
+
+from prefixcache.engine.async_llm import AsyncLLM
+from prefixcache.integrations.server import routes_cache, routes_info, routes_openai
+from prefixcache.integrations.server.admission import Admission
+from prefixcache.integrations.server.errors import ApiError, error_response, install_error_handlers
+from prefixcache.integrations.server.metrics import ServerMetrics
+from prefixcache.integrations.server.state import ServerState
+
+OPEN_PATHS = frozenset({"/health"})
+
+
+class ApiKeyMiddleware(BaseHTTPMiddleware):
+    """Every route but /health needs ``Authorization: Bearer <key>`` (or ``X-API-Key``)."""
+
+    def __init__(self, app, api_key: str) -> None:
+        super().__init__(app)
+        self._key = api_key.encode()
+
+    async def dispatch(self, request: Request, call_next: RequestResponseEndpoint) -> Response:
+        if request.url.path in OPEN_PATHS:
+            return await call_next(request)
+        given = request.headers.get("x-api-key")
+        authorization = request.headers.get("authorization", "")
+        if authorization.lower().startswith("bearer "):
+            given = authorization[7:].strip()
+        if given is None or not secrets.compare_digest(given.encode(), self._key):
+            return error_response(ApiError(401, "invalid or missing API key",
+                                           code="invalid_api_key"))
+        return await call_next(request)
+
+
+def build_app(
+    engine: AsyncLLM,
+    *,
+    model_name: str | None = None,
+    api_key: str | None = None,
+    max_pending: int = 256,
+    max_n: int = 16,
+) -> FastAPI:
+    """An app serving ``engine`` under ``model_name`` (default: the engine's model name).
+
+    ``max_pending``: requests in flight before new ones get 429. ``max_n``: the largest ``n``.
+    """
+    app = FastAPI(title="prefixcache", version="0.1.0")
+    metrics = ServerMetrics()
+    app.state.server = ServerState(
+        engine=engine,
+        model_name=model_name or engine.llm.model_name,
+        api_key=api_key,
+        max_n=max_n,
+        admission=Admission(max_pending, on_reject=metrics.rejected.inc),
+        metrics=metrics,
+    )
+    install_error_handlers(app)
+    for module in (routes_openai, routes_info, routes_cache):
+        app.include_router(module.router)
+    if api_key:
+        app.add_middleware(ApiKeyMiddleware, api_key=api_key)
+    return app

@@ -1,0 +1,99 @@
+"""Prometheus metrics: cache and scheduler counters read from the engine, latency histograms.
+
+Each app owns its own ``CollectorRegistry`` (several servers in one process do not clash).
+Engine counters are read once per scrape from a stats snapshot taken on the engine thread
+(``refresh``), so a scrape never races a step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from prefixcache.engine.outputs import RequestOutput
+
+PREFIX = "prefixcache"
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+
+# stats key -> (metric name suffix, help, kind)
+ENGINE_SERIES: tuple[tuple[str, str, str, str], ...] = (
+    ("query_tokens", "prefix_cache_queries_tokens_total", "Prompt tokens looked up", "counter"),
+    ("hit_tokens", "prefix_cache_hits_tokens_total", "Prompt tokens found cached", "counter"),
+    ("evictions", "prefix_cache_evictions_total", "Cached blocks evicted", "counter"),
+    ("preemptions", "preemptions_total", "Requests preempted for lack of blocks", "counter"),
+    ("usage", "kv_cache_usage_ratio", "Fraction of KV blocks in use by requests", "gauge"),
+    ("hit_rate", "prefix_cache_hit_rate", "hit_tokens / query_tokens since start", "gauge"),
+    ("num_blocks", "kv_cache_blocks", "KV blocks in the pool", "gauge"),
+    ("free", "kv_cache_free_blocks", "KV blocks free", "gauge"),
+    ("cached", "kv_cache_cached_blocks", "KV blocks cached and evictable or pinned", "gauge"),
+    ("running", "num_requests_running", "Requests being decoded", "gauge"),
+    ("waiting", "num_requests_waiting", "Requests waiting for admission", "gauge"),
+)
+
+
+class _EngineStatsCollector(Collector):
+    """Exposes the last stats snapshot as Prometheus families."""
+
+    def __init__(self) -> None:
+        self.snapshot: dict[str, Any] = {}
+
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        for key, suffix, help_text, kind in ENGINE_SERIES:
+            if key not in self.snapshot:
+                continue
+            name = f"{PREFIX}_{suffix}"
+            value = float(self.snapshot[key])
+            if kind == "counter":
+                yield CounterMetricFamily(name.removesuffix("_total"), help_text, value=value)
+            else:
+                yield GaugeMetricFamily(name, help_text, value=value)
+
+
+class ServerMetrics:
+    """Latency histograms (observed when a request finishes) plus engine counters."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self._engine = _EngineStatsCollector()
+        self.registry.register(self._engine)
+        self.ttft = Histogram(
+            f"{PREFIX}_time_to_first_token_seconds", "Arrival to first token",
+            buckets=LATENCY_BUCKETS, registry=self.registry,
+        )
+        self.inter_token = Histogram(
+            f"{PREFIX}_inter_token_latency_seconds", "Mean gap between output tokens",
+            buckets=LATENCY_BUCKETS, registry=self.registry,
+        )
+        self.e2e = Histogram(
+            f"{PREFIX}_e2e_request_latency_seconds", "Arrival to finish",
+            buckets=LATENCY_BUCKETS, registry=self.registry,
+        )
+        self.finished = Counter(
+            f"{PREFIX}_request_success", "Finished requests by finish reason",
+            ["finish_reason"], registry=self.registry,
+        )
+        self.rejected = Counter(
+            f"{PREFIX}_request_rejected", "Requests refused by the admission queue",
+            registry=self.registry,
+        )
+
+    def observe(self, output: RequestOutput) -> None:
+        """Record a finished request's latencies."""
+        metrics = output.metrics
+        if metrics.ttft is not None:
+            self.ttft.observe(metrics.ttft)
+        if metrics.tpot is not None:
+            self.inter_token.observe(metrics.tpot)
+        if metrics.e2e is not None:
+            self.e2e.observe(metrics.e2e)
+        for completion in output.outputs:
+            self.finished.labels(finish_reason=completion.finish_reason or "unknown").inc()
+
+    def render(self, stats: dict[str, Any]) -> bytes:
+        """The text exposition format, with engine counters from ``stats``."""
+        self._engine.snapshot = dict(stats)
+        return generate_latest(self.registry)

@@ -1,0 +1,73 @@
+"""`prefixcache serve` in a subprocess: it serves, checks the key, stops on SIGINT."""
+
+from __future__ import annotations
+
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import openai
+from typer.testing import CliRunner
+
+from prefixcache.integrations.cli import build_app
+
+CLI = [sys.executable, "-m", "prefixcache.integrations.cli"]
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def wait_for_health(process: subprocess.Popen, url: str, deadline_s: float = 90.0) -> None:
+    end = time.monotonic() + deadline_s
+    while time.monotonic() < end:
+        assert process.poll() is None, process.communicate()[1]
+        try:
+            if httpx.get(url, timeout=2).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.2)
+    raise AssertionError("the server did not become healthy")
+
+
+def test_serve_command_runs_a_keyed_server(tiny_chat_dir: Path) -> None:
+    port = free_port()
+    process = subprocess.Popen(
+        [*CLI, "serve", "--model", str(tiny_chat_dir), "--port", str(port), "--dtype",
+         "float32", "--num-blocks", "64", "--block-size", "4", "--served-model-name", "tiny",
+         "--log-level", "warning"],
+        env={**_env(), "PREFIXCACHE_API_KEY": "secret"},
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        base = f"http://127.0.0.1:{port}"
+        wait_for_health(process, f"{base}/health")
+        client = openai.OpenAI(base_url=f"{base}/v1", api_key="secret", max_retries=0)
+        reply = client.chat.completions.create(
+            model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=3)
+        assert reply.usage.completion_tokens == 3
+        assert httpx.get(f"{base}/v1/models").status_code == 401
+    finally:
+        process.send_signal(signal.SIGINT)
+        _, stderr = process.communicate(timeout=60)
+    assert process.returncode == 0, stderr
+
+
+def test_serve_rejects_a_missing_model(tmp_path: Path) -> None:
+    result = CliRunner().invoke(build_app(), ["serve", "--model", str(tmp_path / "nothing")])
+    assert result.exit_code == 2, result.output
+    assert ("nothing" in result.output and result.exception is None) or \
+        isinstance(result.exception, SystemExit)
+
+
+def _env() -> dict[str, str]:
+    import os
+
+    return {**os.environ, "PYTHONUNBUFFERED": "1"}

@@ -1,0 +1,129 @@
+"""Bad input answers 4xx with an OpenAI-style error body; the server keeps serving and leaks
+no block."""
+
+from __future__ import annotations
+
+import httpx
+import openai
+import pytest
+from integration_helpers import SERVED_NAME, assert_openai_error, assert_server_clean, make_llm
+
+from prefixcache.engine.async_llm import AsyncLLM
+from prefixcache.integrations.server import BackgroundServer, build_app
+
+MAX_MODEL_LEN = 512  # the tiny model's context length
+OK_COMPLETION = {"model": SERVED_NAME, "prompt": "hello", "max_tokens": 2}
+OK_CHAT = {"model": SERVED_NAME, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+
+BAD_BODIES = [
+    # (route, body, status, param, code)
+    ("/v1/completions", {**OK_COMPLETION, "max_tokens": "5"}, 400, "max_tokens", None),
+    ("/v1/completions", {**OK_COMPLETION, "temperature": "hot"}, 400, "temperature", None),
+    ("/v1/completions", {**OK_COMPLETION, "prompt": 12}, 400, "prompt", None),
+    ("/v1/completions", {"model": SERVED_NAME, "max_tokens": 2}, 400, "prompt", None),
+    ("/v1/completions", {**OK_COMPLETION, "model": "gpt-9"}, 404, "model", "model_not_found"),
+    ("/v1/completions", {**OK_COMPLETION, "prompt": "x" * 600}, 400, "prompt",
+     "context_length_exceeded"),
+    ("/v1/completions", {**OK_COMPLETION, "prompt": list(range(1, MAX_MODEL_LEN + 1))}, 400,
+     "prompt", "context_length_exceeded"),
+    ("/v1/completions", {**OK_COMPLETION, "prompt": [1, 99999]}, 400, "prompt", None),
+    ("/v1/completions", {**OK_COMPLETION, "prompt": ""}, 400, "prompt", None),
+    ("/v1/completions", {**OK_COMPLETION, "prompt": []}, 400, "prompt", None),
+    ("/v1/completions", {**OK_COMPLETION, "max_tokens": 0}, 400, "max_tokens", None),
+    ("/v1/completions", {**OK_COMPLETION, "max_tokens": -3}, 400, "max_tokens", None),
+    ("/v1/completions", {**OK_COMPLETION, "max_tokens": MAX_MODEL_LEN}, 400, "max_tokens",
+     "context_length_exceeded"),
+    ("/v1/completions", {**OK_COMPLETION, "n": 0}, 400, "n", None),
+    ("/v1/completions", {**OK_COMPLETION, "n": 1000}, 400, "n", None),
+    ("/v1/completions", {**OK_COMPLETION, "temperature": -1.0}, 400, "temperature", None),
+    ("/v1/completions", {**OK_COMPLETION, "top_p": 0.0}, 400, "top_p", None),
+    ("/v1/completions", {**OK_COMPLETION, "stop": [""]}, 400, "stop", None),
+    ("/v1/completions", {**OK_COMPLETION, "cache_salt": 42}, 400, "cache_salt", None),
+    ("/v1/completions", {**OK_COMPLETION, "cache_salt": ""}, 400, "cache_salt", None),
+    ("/v1/completions", {**OK_COMPLETION, "cache_salt": "s" * 1000}, 400, "cache_salt", None),
+    ("/v1/chat/completions", {**OK_CHAT, "messages": []}, 400, "messages", None),
+    ("/v1/chat/completions", {**OK_CHAT, "messages": [{"content": "no role"}]}, 400,
+     "messages", None),
+    ("/v1/chat/completions", {**OK_CHAT, "messages": "hi"}, 400, "messages", None),
+    ("/v1/chat/completions", {**OK_CHAT, "max_tokens": 0}, 400, "max_tokens", None),
+    ("/v1/chat/completions", {**OK_CHAT, "model": "nope"}, 404, "model", "model_not_found"),
+    ("/v1/chat/completions", {**OK_CHAT, "n": -1}, 400, "n", None),
+    ("/tokenize", {"prompt": 3}, 400, "prompt", None),
+    ("/detokenize", {"tokens": [-1]}, 400, "tokens", None),
+    ("/v1/cache/warm", {"prompt": "x", "cache_salt": ""}, 400, "cache_salt", None),
+    ("/v1/cache/unpin", {"prompt": "never pinned here"}, 404, "prompt", "not_pinned"),
+]
+
+
+@pytest.mark.parametrize(("route", "body", "status", "param", "code"), BAD_BODIES)
+def test_bad_request_body(server: BackgroundServer, route, body, status, param, code) -> None:
+    response = httpx.post(f"{server.base_url}{route}", json=body, timeout=30)
+    assert_openai_error(response, status, param, code)
+
+
+@pytest.mark.parametrize("route", ["/v1/completions", "/v1/chat/completions", "/tokenize"])
+def test_malformed_json(server: BackgroundServer, route: str) -> None:
+    response = httpx.post(f"{server.base_url}{route}", content=b'{"prompt": "x",',
+                          headers={"content-type": "application/json"})
+    assert_openai_error(response, 400, code="json_invalid")
+
+
+def test_unknown_route_and_method(server: BackgroundServer) -> None:
+    assert_openai_error(httpx.get(f"{server.base_url}/v1/nothing"), 404)
+    assert_openai_error(httpx.get(f"{server.base_url}/v1/completions"), 405)
+
+
+def test_salt_header_and_body_must_agree(server: BackgroundServer) -> None:
+    response = httpx.post(f"{server.base_url}/v1/completions",
+                          json={**OK_COMPLETION, "cache_salt": "a"},
+                          headers={"X-Cache-Salt": "b"})
+    assert_openai_error(response, 400, "cache_salt", "invalid_cache_salt")
+
+
+def test_openai_client_raises_typed_errors(server: BackgroundServer) -> None:
+    client = openai.OpenAI(base_url=f"{server.base_url}/v1", api_key="unused", max_retries=0)
+    with pytest.raises(openai.NotFoundError):
+        client.completions.create(model="missing", prompt="x", max_tokens=1)
+    with pytest.raises(openai.BadRequestError, match="max_tokens"):
+        client.chat.completions.create(model=SERVED_NAME, max_tokens=0,
+                                       messages=[{"role": "user", "content": "x"}])
+    with pytest.raises(openai.BadRequestError):  # the stream is refused before it starts
+        list(client.completions.create(model=SERVED_NAME, prompt="x", n=0, stream=True))
+
+
+def test_server_keeps_serving_after_bad_input(server: BackgroundServer) -> None:
+    for route, body, *_ in BAD_BODIES:
+        httpx.post(f"{server.base_url}{route}", json=body, timeout=30)
+    response = httpx.post(f"{server.base_url}/v1/completions", json=OK_COMPLETION, timeout=30)
+    assert response.status_code == 200 and response.json()["usage"]["completion_tokens"] == 2
+    assert_server_clean(server.base_url)
+
+
+def test_unset_max_tokens_fits_a_small_pool(tiny_chat_dir) -> None:
+    engine = AsyncLLM(make_llm(tiny_chat_dir, num_blocks=32))  # 128 tokens of KV in all
+    try:
+        with BackgroundServer(build_app(engine, model_name=SERVED_NAME)) as small:
+            reply = httpx.post(f"{small.base_url}/v1/chat/completions", timeout=60, json={
+                "model": SERVED_NAME, "ignore_eos": True,
+                "messages": [{"role": "user", "content": "hi"}]}).json()
+            usage = reply["usage"]
+            assert reply["choices"][0]["finish_reason"] == "length"
+            assert usage["prompt_tokens"] + usage["completion_tokens"] == 128
+            too_big = httpx.post(f"{small.base_url}/v1/completions", json={
+                "model": SERVED_NAME, "prompt": "hi", "max_tokens": 200})
+            assert_openai_error(too_big, 400, "max_tokens")
+            assert_server_clean(small.base_url)
+    finally:
+        engine.shutdown()
+
+
+def test_a_stopped_engine_answers_503_not_a_hang(tiny_chat_dir) -> None:
+    engine = AsyncLLM(make_llm(tiny_chat_dir, num_blocks=16))
+    with BackgroundServer(build_app(engine, model_name=SERVED_NAME)) as stopped:
+        engine.shutdown()
+        for method, path, body in (("GET", "/health", None), ("GET", "/metrics", None),
+                                   ("GET", "/v1/cache/stats", None),
+                                   ("POST", "/v1/cache/warm", {"prompt": "abc"}),
+                                   ("POST", "/v1/completions", OK_COMPLETION)):
+            response = httpx.request(method, f"{stopped.base_url}{path}", json=body, timeout=30)
+            assert_openai_error(response, 503, code="engine_dead")
