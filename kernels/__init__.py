@@ -1,16 +1,113 @@
 """Paged-attention kernels with pure-torch references of the same signatures.
 
-Dispatch picks the Triton kernel for CUDA tensors when one exists and the reference elsewhere
-(CPU). Never imports the engine or the integrations.
+Dispatch (see ``prefixcache.kernels.dispatch``) picks the Triton kernel for CUDA tensors and
+the reference elsewhere (CPU). Pools may be quantized (fp8 e4m3 or int8, scaled, see
+``prefixcache.kernels.quantization``): ``store_kv`` quantizes, attention dequantizes.
+Never imports the engine or the integrations.
 """
 
-from prefixcache.kernels.reference.kv_store import copy_blocks_reference as copy_blocks
-from prefixcache.kernels.reference.kv_store import store_kv_reference as store_kv
-from prefixcache.kernels.reference.paged_attention import (
-    paged_decode_attention_reference as paged_decode_attention,
+from __future__ import annotations
+
+import torch
+
+from prefixcache.kernels.dispatch import (
+    get_kernel_backend,
+    kernel_backend,
+    set_kernel_backend,
+    triton_kernels,
+    uses_triton,
 )
+from prefixcache.kernels.quantization import KV_CACHE_DTYPES, kv_storage_dtype
+from prefixcache.kernels.reference.kv_store import copy_blocks_reference, store_kv_reference
 from prefixcache.kernels.reference.paged_attention import (
-    paged_prefill_attention_reference as paged_prefill_attention,
+    paged_decode_attention_reference,
+    paged_prefill_attention_reference,
 )
 
-__all__ = ["copy_blocks", "paged_decode_attention", "paged_prefill_attention", "store_kv"]
+
+def store_kv(
+    k: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
+    v: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
+    k_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
+    v_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
+    slot_mapping: torch.Tensor,  # [num_tokens] int; -1 skips the token
+    k_scale: torch.Tensor | None = None,  # [], [num_kv_heads] or [num_kv_heads, head_dim]
+    v_scale: torch.Tensor | None = None,
+) -> None:
+    """Write (and for fp8/int8 pools quantize) new k/v into their slots."""
+    impl = triton_kernels().store_kv_triton if uses_triton(k_cache) else store_kv_reference
+    impl(k, v, k_cache, v_cache, slot_mapping, k_scale, v_scale)
+
+
+def copy_blocks(
+    k_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
+    v_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
+    src_dst: torch.Tensor,  # [num_pairs, 2] int64, no destination among the sources
+) -> None:
+    """Copy whole blocks for copy-on-write."""
+    impl = triton_kernels().copy_blocks_triton if uses_triton(k_cache) else copy_blocks_reference
+    impl(k_cache, v_cache, src_dst)
+
+
+def paged_decode_attention(
+    q: torch.Tensor,  # [num_seqs, num_heads, head_dim]
+    k_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
+    v_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
+    block_tables: torch.Tensor,  # [num_seqs, max_blocks] int32
+    seq_lens: torch.Tensor,  # [num_seqs] int32, tokens in cache incl. the current one
+    scale: float,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
+) -> torch.Tensor:  # [num_seqs, num_heads, head_dim]
+    """One query per sequence over its paged KV."""
+    if uses_triton(q):
+        impl = triton_kernels().paged_decode_attention_triton
+    else:
+        impl = paged_decode_attention_reference
+    return impl(q, k_cache, v_cache, block_tables, seq_lens, scale, k_scale, v_scale)
+
+
+def paged_prefill_attention(
+    q: torch.Tensor,  # [num_tokens, num_heads, head_dim]
+    k: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
+    v: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
+    k_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
+    v_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
+    block_tables: torch.Tensor,  # [num_seqs, max_blocks] int32
+    query_start_loc: torch.Tensor,  # [num_seqs + 1] int32
+    context_lens: torch.Tensor,  # [num_seqs] int32
+    scale: float,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
+) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
+    """Varlen new tokens: full attention over the paged context, causal over themselves."""
+    if uses_triton(q):
+        impl = triton_kernels().paged_prefill_attention_triton
+    else:
+        impl = paged_prefill_attention_reference
+    return impl(
+        q,
+        k,
+        v,
+        k_cache,
+        v_cache,
+        block_tables,
+        query_start_loc,
+        context_lens,
+        scale,
+        k_scale,
+        v_scale,
+    )
+
+
+__all__ = [
+    "KV_CACHE_DTYPES",
+    "copy_blocks",
+    "get_kernel_backend",
+    "kernel_backend",
+    "kv_storage_dtype",
+    "paged_decode_attention",
+    "paged_prefill_attention",
+    "set_kernel_backend",
+    "store_kv",
+]

@@ -1,0 +1,83 @@
+"""kv_cache_dtype in the engine: half-size pools, calibrated scales, same answers mostly."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from tiny_model_factory import make_tiny_model_dir
+
+from prefixcache.engine.llm import LLM
+from prefixcache.engine.sampling_params import SamplingParams
+from prefixcache.kernels import kernel_backend
+
+GREEDY = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
+SYSTEM = [(7 * i) % 300 + 1 for i in range(37)]  # shared prefix, not a block multiple
+PROMPTS = [SYSTEM + q for q in ([11, 12, 13], [11, 12, 14, 15, 16], list(range(40, 61)), [99])]
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_tiny_model_dir(tmp_path_factory.mktemp("tiny-llama-kv"), "llama")
+
+
+def generate_each(llm: LLM, prompts: list[list[int]], params=GREEDY) -> list[list[int]]:
+    """One prompt at a time, so later prompts hit the prefix earlier ones cached."""
+    return [llm.generate([p], params)[0].token_ids for p in prompts]
+
+
+def assert_idle_and_consistent(llm: LLM) -> None:
+    llm.cache.check_invariants()
+    stats = llm.stats()
+    assert stats["in_use"] == 0 and stats["running"] == 0 and stats["waiting"] == 0
+
+
+@pytest.mark.parametrize("kv_cache_dtype", ["fp8", "int8"])
+def test_quantized_pool_halves_bytes_and_doubles_blocks(tiny_dir: Path, kv_cache_dtype: str):
+    budget = 1 << 20
+    plain = LLM(str(tiny_dir), dtype="bfloat16", kv_cache_memory=budget)
+    quant = LLM(
+        str(tiny_dir), dtype="bfloat16", kv_cache_memory=budget, kv_cache_dtype=kv_cache_dtype
+    )
+    assert quant.kv.k[0].element_size() == 1
+    assert 2 * quant.kv.bytes_per_token == plain.kv.bytes_per_token
+    assert quant.cache.num_blocks == 2 * plain.cache.num_blocks
+    assert quant.kv.nbytes <= budget
+    for scale in quant.kv.k_scale + quant.kv.v_scale:  # calibrated: positive, finite, not 1.0
+        assert scale.shape == (plain.config.num_kv_heads, plain.config.head_dim)
+        assert bool(torch.isfinite(scale).all() and (scale > 0).all() and (scale < 1).all())
+    assert plain.kv.k_scale[0] is None
+
+
+@pytest.mark.parametrize("kv_cache_dtype", ["fp8", "int8"])
+def test_quantized_engine_agrees_with_unquantized(tiny_dir: Path, kv_cache_dtype: str) -> None:
+    expected = generate_each(LLM(str(tiny_dir), dtype="float32", num_blocks=64), PROMPTS)
+    llm = LLM(str(tiny_dir), dtype="float32", num_blocks=64, kv_cache_dtype=kv_cache_dtype)
+    got = generate_each(llm, PROMPTS)
+    pairs = zip(got, expected, strict=True)
+    same = sum(a == b for g, e in pairs for a, b in zip(g, e, strict=True))
+    assert same >= 0.75 * 12 * len(PROMPTS)  # measured 42/48 (fp8) and 48/48 (int8)
+    assert llm.stats()["hit_tokens"] >= 3 * 32  # later prompts reused quantized blocks
+    assert_idle_and_consistent(llm)
+
+
+def test_unknown_kv_cache_dtype_is_rejected(tiny_dir: Path) -> None:
+    with pytest.raises(ValueError, match="kv_cache_dtype"):
+        LLM(str(tiny_dir), dtype="float32", num_blocks=8, kv_cache_dtype="int4")
+
+
+def test_triton_engine_matches_reference_engine(tiny_dir: Path) -> None:
+    """Interpreted Triton kernels through the whole engine: prefix hits, decode, and n=2
+    forks (copy-on-write block copies) give the reference path's tokens."""
+    params = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True, n=2)
+    prompts = PROMPTS[:2]
+    expected = generate_each(
+        LLM(str(tiny_dir), dtype="float32", num_blocks=32, kv_cache_dtype="int8"), prompts, params
+    )
+    with kernel_backend("triton"):
+        llm = LLM(str(tiny_dir), dtype="float32", num_blocks=32, kv_cache_dtype="int8")
+        got = generate_each(llm, prompts, params)
+    assert got == expected
+    assert llm.stats()["hit_tokens"] >= 32
+    assert_idle_and_consistent(llm)
