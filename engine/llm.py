@@ -61,6 +61,8 @@ class LLM:
         self.max_model_len = min(
             max_model_len or DEFAULT_MAX_MODEL_LEN, self.config.max_position_embeddings
         )
+        if self.config.sliding_window:  # paged attention is full: stay inside the window
+            self.max_model_len = min(self.max_model_len, self.config.sliding_window)
         if num_blocks is None:
             num_blocks = blocks_for_memory(
                 self.config, block_size, kv_storage_dtype(kv_cache_dtype, self.dtype),

@@ -1,0 +1,89 @@
+"""Chat template rendering: HF-compatible environment, sandboxing and clear errors."""
+
+from __future__ import annotations
+
+import pytest
+from model_layer_helpers import TINY_CHAT_TEMPLATE, train_tiny_tokenizer
+
+from prefixcache.engine.chat_template import (
+    ChatTemplate,
+    ChatTemplateError,
+    chat_template_from_tokenizer_config,
+)
+
+# Exercises trim_blocks / lstrip_blocks whitespace, loop controls, tojson, tools, bos_token.
+RICH_TEMPLATE = """{{ bos_token }}
+{% for message in messages %}
+    {% if message['role'] == 'system' and not loop.first %}
+        {{ raise_exception('system message must come first') }}
+    {% endif %}
+    {% if message['role'] == 'tool' %}{% continue %}{% endif %}
+<|{{ message['role'] }}|>{{ message['content'] | trim }}
+{% endfor %}
+{% if tools %}Tools: {{ tools | tojson }}
+{% endif %}
+{% if add_generation_prompt %}<|assistant|>{% generation %}{% endgeneration %}{% endif %}"""
+MESSAGES = [
+    {"role": "system", "content": "Be brief."},
+    {"role": "user", "content": "  Héllo 日本 😀  "},
+    {"role": "tool", "content": "ignored"},
+    {"role": "assistant", "content": "Hi."},
+]
+TOOLS = [{"type": "function", "function": {"name": "météo", "parameters": {}}}]
+
+
+def hf_tokenizer(template):
+    from transformers import PreTrainedTokenizerFast
+
+    return PreTrainedTokenizerFast(tokenizer_object=train_tiny_tokenizer(), bos_token="<s>",
+                                   eos_token="<|im_end|>", chat_template=template)
+
+
+@pytest.mark.parametrize("template", [TINY_CHAT_TEMPLATE, RICH_TEMPLATE])
+@pytest.mark.parametrize("generation_prompt", [True, False])
+def test_renders_like_transformers(template, generation_prompt):
+    ours = ChatTemplate(template, bos_token="<s>", eos_token="<|im_end|>")
+    expected = hf_tokenizer(template).apply_chat_template(
+        MESSAGES, tools=TOOLS, tokenize=False, add_generation_prompt=generation_prompt)
+    assert ours.render(MESSAGES, tools=TOOLS, add_generation_prompt=generation_prompt) == expected
+
+
+def test_raise_exception_becomes_chat_template_error():
+    template = ChatTemplate(RICH_TEMPLATE)
+    with pytest.raises(ChatTemplateError, match="system message must come first"):
+        template.render([{"role": "user", "content": "a"}, {"role": "system", "content": "b"}])
+
+
+def test_sandbox_blocks_attribute_escapes():
+    template = ChatTemplate("{{ messages.__class__.__mro__[1].__subclasses__() }}")
+    with pytest.raises(ChatTemplateError):
+        template.render([{"role": "user", "content": "x"}])
+    mutate = ChatTemplate("{{ messages.append(1) }}")
+    with pytest.raises(ChatTemplateError):
+        mutate.render([{"role": "user", "content": "x"}])
+
+
+def test_openai_text_parts_are_joined():
+    template = ChatTemplate(TINY_CHAT_TEMPLATE)
+    parts = [{"type": "text", "text": "Hello "}, {"type": "text", "text": "there"}]
+    assert "Hello there<|im_end|>" in template.render([{"role": "user", "content": parts}])
+    with pytest.raises(ChatTemplateError, match="only text content parts"):
+        template.render([{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}])
+
+
+def test_bad_messages_and_bad_templates():
+    with pytest.raises(ChatTemplateError, match="needs a 'role'"):
+        ChatTemplate(TINY_CHAT_TEMPLATE).render([{"content": "no role"}])
+    with pytest.raises(ChatTemplateError, match="does not compile"):
+        ChatTemplate("{% for m in messages %}")
+    with pytest.raises(ValueError, match="non-empty"):
+        ChatTemplate("")
+
+
+def test_template_from_tokenizer_config():
+    assert chat_template_from_tokenizer_config({"chat_template": "x"}) == "x"
+    named = {"chat_template": [{"name": "tool_use", "template": "t"},
+                               {"name": "default", "template": "d"}]}
+    assert chat_template_from_tokenizer_config(named) == "d"
+    assert chat_template_from_tokenizer_config(named, "tool_use") == "t"
+    assert chat_template_from_tokenizer_config({}) is None
