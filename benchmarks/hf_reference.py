@@ -19,6 +19,15 @@ def hf_llama_from(model: str, dtype: torch.dtype) -> torch.nn.Module:
         config, state = source.config, source.hf_state_dict()
     else:
         return transformers.AutoModelForCausalLM.from_pretrained(resolved.path, dtype=dtype)
+    return hf_llama_from_state(config, state, dtype)
+
+
+def hf_llama_from_state(
+    config: ModelConfig, state: dict[str, torch.Tensor], dtype: torch.dtype
+) -> torch.nn.Module:
+    """A transformers ``LlamaForCausalLM`` holding ``state`` (HF tensor names)."""
+    import transformers
+
     hf = transformers.LlamaForCausalLM(_llama_config(config))
     missing, unexpected = hf.load_state_dict(state, strict=False)
     if unexpected or [m for m in missing if "rotary" not in m and m != "lm_head.weight"]:

@@ -27,9 +27,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from hf_reference import hf_llama_from_state
 
 from prefixcache.engine.model import CausalLM, ContiguousAttention
-from prefixcache.engine.model_config import ModelConfig
 from prefixcache.engine.model_registry import resolve_model
 from prefixcache.engine.tokenizer import Tokenizer
 from prefixcache.engine.weights import GGUFFile, build_model
@@ -42,24 +42,6 @@ PROMPT_TEXT = (
 )
 
 
-def hf_model_from(config: ModelConfig, state: dict[str, torch.Tensor], dtype: torch.dtype) -> Any:
-    """A transformers LlamaForCausalLM holding `state` (HF names), default SDPA attention."""
-    import transformers
-
-    hf_config = transformers.LlamaConfig(
-        vocab_size=config.vocab_size, hidden_size=config.hidden_size,
-        intermediate_size=config.intermediate_size, num_hidden_layers=config.num_layers,
-        num_attention_heads=config.num_heads, num_key_value_heads=config.num_kv_heads,
-        head_dim=config.head_dim, rms_norm_eps=config.rms_norm_eps,
-        rope_theta=config.rope_theta, max_position_embeddings=config.max_position_embeddings,
-        tie_word_embeddings=config.tie_word_embeddings,
-    )
-    model = transformers.LlamaForCausalLM(hf_config)
-    model.load_state_dict(state, strict=False)
-    model.tie_weights()
-    return model.to(dtype).eval()
-
-
 def prompt_ids(tokenizer: Tokenizer, length: int) -> torch.Tensor:
     text = "".join(PROMPT_TEXT.format(i=i) for i in range(length // 20 + 2))
     ids = tokenizer.encode(text)[:length]
@@ -70,8 +52,9 @@ def prompt_ids(tokenizer: Tokenizer, length: int) -> torch.Tensor:
 class Cases:
     """Timed callables for one dtype: our model and transformers' on the same weights."""
 
-    def __init__(self, ours: CausalLM, hf: Any, long_ids: torch.Tensor,
-                 short_ids: torch.Tensor) -> None:
+    def __init__(
+        self, ours: CausalLM, hf: Any, long_ids: torch.Tensor, short_ids: torch.Tensor
+    ) -> None:
         self.ours, self.hf = ours, hf
         self.long_ids, self.short_ids = long_ids, short_ids
         self.decode_state: dict[str, Any] = {}
@@ -96,10 +79,15 @@ class Cases:
         self.ours(self.long_ids, torch.arange(self.long_ids.numel()), attention)
         cache = transformers.DynamicCache()
         with torch.inference_mode():
-            self.hf(self.long_ids[None], **{self.cache_kwarg: cache}, use_cache=True,
-                    logits_to_keep=1)
-        self.decode_state = {"ours": attention, "hf": cache, "pos_ours": self.long_ids.numel(),
-                             "pos_hf": self.long_ids.numel()}
+            self.hf(
+                self.long_ids[None], **{self.cache_kwarg: cache}, use_cache=True, logits_to_keep=1
+            )
+        self.decode_state = {
+            "ours": attention,
+            "hf": cache,
+            "pos_ours": self.long_ids.numel(),
+            "pos_hf": self.long_ids.numel(),
+        }
 
     def ours_decode(self, steps: int) -> None:
         state = self.decode_state
@@ -114,13 +102,13 @@ class Cases:
         for _ in range(steps):
             token = torch.tensor([[int(state["pos_hf"]) % 1000 + 100]])
             with torch.inference_mode():
-                self.hf(token, **{self.cache_kwarg: state["hf"]}, use_cache=True,
-                        logits_to_keep=1)
+                self.hf(token, **{self.cache_kwarg: state["hf"]}, use_cache=True, logits_to_keep=1)
             state["pos_hf"] += 1
 
 
-def interleaved_wall_and_cpu_ms(timers: dict[str, Callable[[], Any]],
-                                rounds: int) -> dict[str, float]:
+def interleaved_wall_and_cpu_ms(
+    timers: dict[str, Callable[[], Any]], rounds: int
+) -> dict[str, float]:
     """Median wall ms (`<name>`) and median process CPU ms (`<name>_cpu`) of each timer,
     every round running each timer once, in turn. CPU time is the steadier figure on a
     shared machine (it leaves out time spent descheduled)."""
@@ -148,14 +136,17 @@ def measure(cases: Cases, rounds: int, decode_steps: int) -> dict[str, float]:
     cases.hf_prefill(cases.long_ids)
     hf_first = time.perf_counter() - first
     cases.start_decode()
-    results = interleaved_wall_and_cpu_ms({
-        "ours_prefill_long_ms": lambda: cases.ours_prefill(cases.long_ids),
-        "hf_prefill_long_ms": lambda: cases.hf_prefill(cases.long_ids),
-        "ours_prefill_short_ms": lambda: cases.ours_prefill(cases.short_ids),
-        "hf_prefill_short_ms": lambda: cases.hf_prefill(cases.short_ids),
-        "ours_decode_ms": lambda: cases.ours_decode(decode_steps),
-        "hf_decode_ms": lambda: cases.hf_decode(decode_steps),
-    }, rounds)
+    results = interleaved_wall_and_cpu_ms(
+        {
+            "ours_prefill_long_ms": lambda: cases.ours_prefill(cases.long_ids),
+            "hf_prefill_long_ms": lambda: cases.hf_prefill(cases.long_ids),
+            "ours_prefill_short_ms": lambda: cases.ours_prefill(cases.short_ids),
+            "hf_prefill_short_ms": lambda: cases.hf_prefill(cases.short_ids),
+            "ours_decode_ms": lambda: cases.ours_decode(decode_steps),
+            "hf_decode_ms": lambda: cases.hf_decode(decode_steps),
+        },
+        rounds,
+    )
     for name in ("ours_decode_ms", "hf_decode_ms", "ours_decode_ms_cpu", "hf_decode_ms_cpu"):
         results[name] /= decode_steps
     results["ours_first_call_long_ms"] = ours_first * 1e3
@@ -185,38 +176,52 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     tokenizer = Tokenizer.from_gguf_metadata(gguf_file.metadata)
     long_ids, short_ids = prompt_ids(tokenizer, long_len), prompt_ids(tokenizer, short_len)
 
-    results: dict[str, Any] = {"config": {
-        "model": args.model, "threads": args.threads, "long_prompt_tokens": long_len,
-        "short_prompt_tokens": short_len, "rounds": rounds, "decode_steps": decode_steps,
-        "quick": args.quick, "torch": torch.__version__,
-    }}
+    results: dict[str, Any] = {
+        "config": {
+            "model": args.model,
+            "threads": args.threads,
+            "long_prompt_tokens": long_len,
+            "short_prompt_tokens": short_len,
+            "rounds": rounds,
+            "decode_steps": decode_steps,
+            "quick": args.quick,
+            "torch": torch.__version__,
+        }
+    }
     for dtype in (torch.bfloat16, torch.float32):
         name = str(dtype).removeprefix("torch.")
         ours = build_model(config, state, dtype)
-        hf = hf_model_from(config, {k: v.clone() for k, v in state.items()}, dtype)
+        hf = hf_llama_from_state(config, {k: v.clone() for k, v in state.items()}, dtype)
         results[name] = measure(Cases(ours, hf, long_ids, short_ids), rounds, decode_steps)
         del ours, hf
     bf16, fp32 = results["bfloat16"], results["float32"]
     results["ratios"] = {
         f"ours_over_hf_{kind}_{dtype}{suffix}": round(
-            results[dtype][f"ours_{kind}_ms{suffix}"] / results[dtype][f"hf_{kind}_ms{suffix}"], 3)
+            results[dtype][f"ours_{kind}_ms{suffix}"] / results[dtype][f"hf_{kind}_ms{suffix}"], 3
+        )
         for dtype in ("bfloat16", "float32")
         for kind in ("prefill_long", "prefill_short", "decode")
         for suffix in ("", "_cpu")
     }
     results["ratios"]["ours_bf16_prefill_long_over_hf_bf16"] = round(
-        bf16["ours_prefill_long_ms"] / bf16["hf_prefill_long_ms"], 3)
+        bf16["ours_prefill_long_ms"] / bf16["hf_prefill_long_ms"], 3
+    )
     results["ratios"]["ours_bf16_over_fp32_prefill_long"] = round(
-        bf16["ours_prefill_long_ms"] / fp32["ours_prefill_long_ms"], 3)
+        bf16["ours_prefill_long_ms"] / fp32["ours_prefill_long_ms"], 3
+    )
     results["ratios"]["ours_bf16_over_fp32_decode"] = round(
-        bf16["ours_decode_ms"] / fp32["ours_decode_ms"], 3)
+        bf16["ours_decode_ms"] / fp32["ours_decode_ms"], 3
+    )
     results["ratios"]["ours_bf16_prefill_long_over_hf_bf16_cpu"] = round(
-        bf16["ours_prefill_long_ms_cpu"] / bf16["hf_prefill_long_ms_cpu"], 3)
-    results["targets"] = {"ours_bf16_prefill_long_over_hf_bf16": {
-        "target": f"<= {TARGET_PREFILL_VS_HF_BF16}",
-        "met": results["ratios"]["ours_bf16_prefill_long_over_hf_bf16"]
-        <= TARGET_PREFILL_VS_HF_BF16,
-    }}
+        bf16["ours_prefill_long_ms_cpu"] / bf16["hf_prefill_long_ms_cpu"], 3
+    )
+    results["targets"] = {
+        "ours_bf16_prefill_long_over_hf_bf16": {
+            "target": f"<= {TARGET_PREFILL_VS_HF_BF16}",
+            "met": results["ratios"]["ours_bf16_prefill_long_over_hf_bf16"]
+            <= TARGET_PREFILL_VS_HF_BF16,
+        }
+    }
     report(results)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=2))
@@ -226,12 +231,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 def report(results: dict[str, Any]) -> None:
     for dtype in ("bfloat16", "float32"):
         row = results[dtype]
-        print(f"{dtype:9s} prefill {results['config']['long_prompt_tokens']} tok: "
-              f"ours {row['ours_prefill_long_ms']:8.1f} ms  hf {row['hf_prefill_long_ms']:8.1f} ms"
-              f" | prefill {results['config']['short_prompt_tokens']} tok: ours "
-              f"{row['ours_prefill_short_ms']:6.1f} ms  hf {row['hf_prefill_short_ms']:6.1f} ms"
-              f" | decode/token: ours {row['ours_decode_ms']:6.1f} ms  "
-              f"hf {row['hf_decode_ms']:6.1f} ms")
+        print(
+            f"{dtype:9s} prefill {results['config']['long_prompt_tokens']} tok: "
+            f"ours {row['ours_prefill_long_ms']:8.1f} ms  hf {row['hf_prefill_long_ms']:8.1f} ms"
+            f" | prefill {results['config']['short_prompt_tokens']} tok: ours "
+            f"{row['ours_prefill_short_ms']:6.1f} ms  hf {row['hf_prefill_short_ms']:6.1f} ms"
+            f" | decode/token: ours {row['ours_decode_ms']:6.1f} ms  "
+            f"hf {row['hf_decode_ms']:6.1f} ms"
+        )
     for name, value in results["ratios"].items():
         print(f"  {name:46s} {value:6.3f}")
     for name, target in results["targets"].items():
