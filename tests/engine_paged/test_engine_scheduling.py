@@ -47,9 +47,8 @@ def test_cache_aware_order_prefers_long_hits_but_bounds_waiting() -> None:
     cold = make_request("cold", [99] * 16)
     warm = make_request("warm", [*hot, 5])
     policy = SchedulingPolicy("cache-aware", max_wait_steps=3)
-    assert [r.request_id for r in policy.order([cold, warm], cache, step=1)] == ["cold", "warm"][
-        ::-1
-    ]
+    first = policy.order([cold, warm], cache, step=1)
+    assert [r.request_id for r in first] == ["warm", "cold"]  # the longer cached prefix first
     # after max_wait_steps the overdue request goes first whatever its hit length
     assert [r.request_id for r in policy.order([cold, warm], cache, step=4)] == ["cold", "warm"]
 
