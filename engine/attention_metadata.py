@@ -25,6 +25,16 @@ class AttentionMetadata:
     prefill_context_lens: torch.Tensor  # [num_prefills] int32
     sample_rows: torch.Tensor  # [num_sampled] int64: rows of the batch whose logits are sampled
 
+    def to(self, device: torch.device) -> AttentionMetadata:
+        """The same metadata with every tensor on ``device`` (itself when already there)."""
+        if device.type == "cpu":
+            return self
+        moved = {
+            name: value.to(device, non_blocking=True) if isinstance(value, torch.Tensor) else value
+            for name, value in vars(self).items()
+        }
+        return AttentionMetadata(**moved)
+
 
 def build_attention_metadata(out: SchedulerOutput, block_size: int) -> AttentionMetadata:
     """Lay out one step's tokens, positions and slots from the scheduled sequences."""

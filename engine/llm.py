@@ -10,6 +10,7 @@ from typing import Any
 import torch
 
 from prefixcache import PrefixCache
+from prefixcache.engine.devices import resolve_device
 from prefixcache.engine.engine_core import EngineCore
 from prefixcache.engine.kv_cache import PagedKVCache, blocks_for_memory
 from prefixcache.engine.model_registry import DEFAULT_MODEL, load_model
@@ -31,7 +32,10 @@ class LLM:
 
     ``model``: "smollm2" (default), a Hugging Face folder or a ``.gguf`` path. The pool has
     ``num_blocks`` blocks of ``block_size`` tokens, or as many as fit in ``kv_cache_memory``
-    bytes. ``enable_prefix_caching=False`` still pages KV but never reuses it.
+    bytes. ``enable_prefix_caching=False`` still pages KV but never reuses it. ``device``
+    ("cpu" by default, "cuda", "cuda:1", ...) holds the weights, the KV pool and every step's
+    index tensors; on CUDA attention runs through the Triton kernels, elsewhere through the
+    CPU path (see ``prefixcache.kernels``).
     """
 
     def __init__(
@@ -49,10 +53,12 @@ class LLM:
         scheduling_policy: str = "fcfs",
         num_threads: int | None = None,
         kv_cache_dtype: str = "auto",
+        device: str | torch.device | None = None,
     ) -> None:
         if num_threads is not None:
             torch.set_num_threads(num_threads)
-        loaded = load_model(model, dtype=_as_dtype(dtype))
+        self.device = resolve_device(device)
+        loaded = load_model(model, dtype=_as_dtype(dtype), device=self.device)
         self.model_name = str(model)
         self.config = loaded.config
         self.tokenizer = loaded.tokenizer
@@ -63,6 +69,8 @@ class LLM:
         )
         if self.config.sliding_window:  # paged attention is full: stay inside the window
             self.max_model_len = min(self.max_model_len, self.config.sliding_window)
+        # Accelerators never grow the RoPE table inside a step (that would sync with the host).
+        loaded.model.rotary.reserve(self.max_model_len)
         if num_blocks is None:
             num_blocks = blocks_for_memory(
                 self.config, block_size, kv_storage_dtype(kv_cache_dtype, self.dtype),
@@ -70,7 +78,7 @@ class LLM:
             )
         self.cache = PrefixCache(num_blocks, block_size, model_fingerprint=loaded.fingerprint)
         self.kv = PagedKVCache(
-            self.config, num_blocks, block_size, self.dtype, kv_cache_dtype=kv_cache_dtype
+            self.config, num_blocks, block_size, self.dtype, self.device, kv_cache_dtype
         )
         scheduler = Scheduler(
             self.cache,

@@ -72,17 +72,21 @@ class ModelRunner:
     def __init__(self, model: torch.nn.Module, kv: PagedKVCache, head_dim: int) -> None:
         """A quantized (fp8/int8) pool gets its static scales here, before any request."""
         self.model = model
+        self.device = model.device
         self.kv = kv
         self.scale = head_dim**-0.5
         calibrate_kv_scales(model, kv)
 
     @torch.inference_mode()
     def execute(self, out: SchedulerOutput) -> torch.Tensor:  # [num_sampled, vocab] float32
+        """Logits (on the CPU, for the sampler) of the rows that sample this step."""
         if out.copy_ops:
-            pairs = torch.tensor([[op.src, op.dst] for op in out.copy_ops], dtype=torch.int64)
+            pairs = torch.tensor(
+                [[op.src, op.dst] for op in out.copy_ops], dtype=torch.int64, device=self.device
+            )
             for k_cache, v_cache in zip(self.kv.k, self.kv.v, strict=True):
                 copy_blocks(k_cache, v_cache, pairs)
-        meta = build_attention_metadata(out, self.kv.block_size)
+        meta = build_attention_metadata(out, self.kv.block_size).to(self.device)
         attention = PagedAttention(self.kv, meta, self.scale)
         hidden = self.model(meta.input_ids, meta.positions, attention)  # [num_tokens, hidden]
-        return self.model.compute_logits(hidden[meta.sample_rows])
+        return self.model.compute_logits(hidden[meta.sample_rows]).cpu()

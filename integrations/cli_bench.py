@@ -84,6 +84,7 @@ def bench(
     suffix_len: Annotated[int | None, typer.Option(help="prefix-repetition.")] = None,
     num_blocks: Annotated[int | None, typer.Option(help="Embedded KV pool blocks.")] = None,
     dtype: Annotated[str | None, typer.Option(help="Embedded dtype (bf16, float32).")] = None,
+    device: Annotated[str | None, typer.Option(help="Embedded device: cpu, cuda.")] = None,
     timeout: Annotated[float, typer.Option(help="Per-request timeout for --url (s).")] = 300.0,
     api_key: Annotated[
         str | None, typer.Option(help="Bearer token for --url servers that need one.")
@@ -130,7 +131,13 @@ def bench(
         if any(t != "embedded" for t in targets):
             raise ValueError("--target takes 'embedded' (use --url URL for a server)")
         embedded = bool(targets) or not url
-        llm_kwargs = {k: v for k, v in (("num_blocks", num_blocks), ("dtype", dtype)) if v}
+        if device is not None:
+            from prefixcache.engine.devices import resolve_device
+
+            resolve_device(device)  # a bad name fails here, not once per request
+        llm_kwargs = {
+            k: v for k, v in (("num_blocks", num_blocks), ("dtype", dtype), ("device", device)) if v
+        }
         options = BenchOptions(
             workload=workload,
             trace_file=trace_file,

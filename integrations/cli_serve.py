@@ -30,6 +30,8 @@ def serve(
     max_model_len: Annotated[int | None, typer.Option(help="Context length cap.", min=2)] = None,
     dtype: Annotated[str | None, typer.Option(help="float32, bfloat16 or float16.")] = None,
     max_num_seqs: Annotated[int, typer.Option(help="Requests decoded together.", min=1)] = 64,
+    kv_cache_dtype: Annotated[str, typer.Option(help="auto, fp8 or int8 (KV pool).")] = "auto",
+    device: Annotated[str | None, typer.Option(help="cpu (default), cuda or cuda:N.")] = None,
     max_pending: Annotated[int, typer.Option(
         help="Requests in flight before new ones get 429.", min=1)] = 256,
     log_level: Annotated[str, typer.Option(help="uvicorn log level.")] = "info",
@@ -44,7 +46,7 @@ def serve(
         engine = AsyncLLM(
             model=model, block_size=block_size, num_blocks=num_blocks,
             kv_cache_memory=kv_cache_memory, max_model_len=max_model_len, dtype=dtype,
-            max_num_seqs=max_num_seqs,
+            max_num_seqs=max_num_seqs, kv_cache_dtype=kv_cache_dtype, device=device,
         )
     except (OSError, TypeError, ValueError) as error:
         raise typer.BadParameter(str(error)) from None

@@ -46,6 +46,7 @@ def invoke(*args: str):
         (["--request-rate", "0"], "request rate must be > 0"),
         (["--workload", "trace"], "needs a FILE.jsonl"),
         (["--groups", "0", "--workload", "shared-prefix"], "num_groups must be a positive"),
+        (["--device", "tpu"], "unknown device 'tpu'"),
     ],
 )
 def test_bad_usage_exits_2_with_one_message(args: list[str], message: str) -> None:

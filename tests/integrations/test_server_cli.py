@@ -71,3 +71,11 @@ def _env() -> dict[str, str]:
     import os
 
     return {**os.environ, "PYTHONUNBUFFERED": "1"}
+
+
+def test_serve_rejects_an_unknown_device(tiny_chat_dir: Path) -> None:
+    result = CliRunner().invoke(
+        build_app(), ["serve", "--model", str(tiny_chat_dir), "--device", "tpu"]
+    )
+    assert result.exit_code == 2, result.output
+    assert "unknown device 'tpu'" in result.output
