@@ -11,6 +11,12 @@ from .attention_fn import AttentionFn
 from .attention_projection import AttentionProjection
 from .mlp import SwiGLUMLP
 from .norms import RMSNorm
+from .packed_linear import (
+    PACKABLE_DTYPES,
+    PackedLinear,
+    pack_linear_layers,
+    weight_packing_available,
+)
 from .rope import RotaryEmbedding
 
 # The RoPE table starts this large and grows on CPU when positions go beyond it.
@@ -90,5 +96,16 @@ class CausalLM(nn.Module):
     @torch.inference_mode()
     def compute_logits(self, hidden: Tensor) -> Tensor:
         """`hidden` `[n, hidden]` -> logits `[n, vocab]` float32 (matmul in the model dtype)."""
-        weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        return F.linear(hidden, weight).float()
+        if self.lm_head is None:  # tied to the embedding
+            return F.linear(hidden, self.embed_tokens.weight).float()
+        return self.lm_head(hidden).float()
+
+    def pack_weights(self) -> int:
+        """On CPU, pre-pack every projection and the output head (when tied, a packed copy of
+        the embedding) for oneDNN: same results, faster GEMMs. Returns how many were packed."""
+        if self.device.type != "cpu" or not weight_packing_available():
+            return 0
+        if self.lm_head is None and self.dtype in PACKABLE_DTYPES:
+            self.lm_head = PackedLinear(self.embed_tokens.weight, None)
+            return 1 + pack_linear_layers(self)
+        return pack_linear_layers(self)
