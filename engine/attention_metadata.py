@@ -24,6 +24,8 @@ class AttentionMetadata:
     prefill_query_start_loc: torch.Tensor  # [num_prefills + 1] int32
     prefill_context_lens: torch.Tensor  # [num_prefills] int32
     sample_rows: torch.Tensor  # [num_sampled] int64: rows of the batch whose logits are sampled
+    sample_block_tables: torch.Tensor  # [num_sampled, max_blocks] int32, per sampled row
+    sample_seq_lens: torch.Tensor  # [num_sampled] int32: tokens its row sees, itself included
 
     def to(self, device: torch.device) -> AttentionMetadata:
         """The same metadata with every tensor on ``device`` (itself when already there)."""
@@ -50,6 +52,7 @@ def build_attention_metadata(out: SchedulerOutput, block_size: int) -> Attention
         if seq.samples:
             sample_rows.append(row - 1)
     starts = np.cumsum([0] + [seq.num_new_tokens for seq in out.prefills])
+    sampled = [seq for seq in out.decodes + out.prefills if seq.samples]
     return AttentionMetadata(
         input_ids=torch.from_numpy(np.concatenate(ids).astype(np.int64)),
         positions=torch.from_numpy(np.concatenate(positions)),
@@ -61,6 +64,10 @@ def build_attention_metadata(out: SchedulerOutput, block_size: int) -> Attention
         prefill_query_start_loc=torch.from_numpy(starts.astype(np.int32)),
         prefill_context_lens=torch.tensor([s.context_len for s in out.prefills], dtype=torch.int32),
         sample_rows=torch.tensor(sample_rows, dtype=torch.int64),
+        sample_block_tables=_block_tables(sampled),
+        sample_seq_lens=torch.tensor(
+            [s.context_len + s.num_new_tokens for s in sampled], dtype=torch.int32
+        ),
     )
 
 

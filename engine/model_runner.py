@@ -33,11 +33,24 @@ class PagedAttention:
         q: torch.Tensor,  # [num_tokens, num_heads, head_dim]
         k: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
         v: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
-    ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
+        *,
+        query_rows: torch.Tensor | None = None,  # [num_sampled]: must be meta.sample_rows
+    ) -> torch.Tensor:  # [num_tokens or num_sampled, num_heads, head_dim]
         meta = self.meta
         k_cache, v_cache = self.kv.k[layer_idx], self.kv.v[layer_idx]
         k_scale, v_scale = self.kv.k_scale[layer_idx], self.kv.v_scale[layer_idx]
         store_kv(k, v, k_cache, v_cache, meta.slot_mapping, k_scale, v_scale)
+        if query_rows is not None:
+            # Only the sampled rows: each is its sequence's last new token, and every key it
+            # sees is in the pool now, so this is decode attention over the updated blocks.
+            if query_rows is not meta.sample_rows:
+                raise ValueError("paged attention answers query_rows=sample_rows only")
+            if query_rows.numel() == 0:
+                return q.new_empty(q.shape)
+            return paged_decode_attention(
+                q, k_cache, v_cache, meta.sample_block_tables, meta.sample_seq_lens, self.scale,
+                k_scale, v_scale,
+            )
         split = meta.num_decode_tokens
         if split == q.shape[0]:
             return paged_decode_attention(
@@ -88,5 +101,6 @@ class ModelRunner:
                 copy_blocks(k_cache, v_cache, pairs)
         meta = build_attention_metadata(out, self.kv.block_size).to(self.device)
         attention = PagedAttention(self.kv, meta, self.scale)
-        hidden = self.model(meta.input_ids, meta.positions, attention)  # [num_tokens, hidden]
-        return self.model.compute_logits(hidden[meta.sample_rows]).cpu()
+        # Only the sampled rows leave the last layer: [num_sampled, hidden].
+        hidden = self.model(meta.input_ids, meta.positions, attention, meta.sample_rows)
+        return self.model.compute_logits(hidden).cpu()

@@ -17,6 +17,12 @@ class AttentionFn(Protocol):
     Contract: `q`/`k` already carry RoPE; tensors may be strided views (the last dim is
     contiguous). The callable must not modify its inputs. Scale is `head_dim ** -0.5`,
     causal within each sequence, keys/values include any cached history it owns.
+
+    With `query_rows` (passed by keyword, only by the last layer of a forward that needs
+    just some rows' outputs), `q` holds those rows of the batch alone while `k`/`v` still
+    hold every row (all of them must be cached); the result has one row per query row.
+    An implementation may support only the row sets its caller asks for (the paged runner:
+    the rows its step samples from).
     """
 
     def __call__(
@@ -25,5 +31,7 @@ class AttentionFn(Protocol):
         q: Tensor,  # [num_tokens, num_heads, head_dim]
         k: Tensor,  # [num_tokens, num_kv_heads, head_dim]
         v: Tensor,  # [num_tokens, num_kv_heads, head_dim]
-    ) -> Tensor:  # [num_tokens, num_heads, head_dim]
+        *,
+        query_rows: Tensor | None = None,  # [num_queries] int64 rows of the batch, ascending
+    ) -> Tensor:  # [num_tokens or num_queries, num_heads, head_dim]
         ...

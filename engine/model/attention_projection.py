@@ -27,9 +27,11 @@ class AttentionProjection(nn.Module):
         self.qkv_proj = nn.Linear(hidden_size, qkv_out, bias=bias)
         self.o_proj = nn.Linear(num_heads * head_dim, hidden_size, bias=False)
 
-    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, attention: AttentionFn) -> Tensor:
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, attention: AttentionFn,
+                output_rows: Tensor | None = None) -> Tensor:
         """`x` `[num_tokens, hidden]`, `cos`/`sin` `[num_tokens, 1, head_dim]` -> `[num_tokens,
-        hidden]`."""
+        hidden]`, or `[len(output_rows), hidden]`: keys and values of every token still reach
+        the attention (and its cache), queries only for `output_rows`."""
         num_tokens = x.shape[0]
         qkv = self.qkv_proj(x).view(num_tokens, -1, self.head_dim)  # [T, H + 2 * KV, D]
         num_rotated = self.num_heads + self.num_kv_heads
@@ -38,5 +40,9 @@ class AttentionProjection(nn.Module):
         q = qk[:, : self.num_heads]  # [T, H, D]
         k = qk[:, self.num_heads :]  # [T, KV, D]
         v = qkv[:, num_rotated:]  # [T, KV, D]
-        out = attention(self.layer_idx, q, k, v)  # [T, H, D]
-        return self.o_proj(out.reshape(num_tokens, self.num_heads * self.head_dim))
+        if output_rows is None:
+            out = attention(self.layer_idx, q, k, v)  # [T, H, D]
+        else:
+            queries = q.index_select(0, output_rows)  # [R, H, D]
+            out = attention(self.layer_idx, queries, k, v, query_rows=output_rows)  # [R, H, D]
+        return self.o_proj(out.reshape(out.shape[0], self.num_heads * self.head_dim))

@@ -63,8 +63,10 @@ class ContiguousAttention:
         cache = self._caches[0]
         return 0 if cache is None else cache.length
 
-    def __call__(self, layer_idx: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-        """`q` `[T, H, D]`, `k`/`v` `[T, KV, D]` -> `[T, H, D]`."""
+    def __call__(self, layer_idx: int, q: Tensor, k: Tensor, v: Tensor, *,
+                 query_rows: Tensor | None = None) -> Tensor:
+        """`q` `[T, H, D]` (or `[R, H, D]` for `query_rows`), `k`/`v` `[T, KV, D]` ->
+        `[T or R, H, D]`."""
         if self.use_cache:
             cache = self._caches[layer_idx]
             if cache is None:
@@ -72,6 +74,11 @@ class ContiguousAttention:
             keys, values = cache.append(k, v)  # [KV, S, D]
         else:
             keys, values = k.transpose(0, 1), v.transpose(0, 1)  # [KV, T, D]
+        if query_rows is not None:
+            positions = query_rows + (keys.shape[1] - k.shape[0])  # [R] absolute positions
+            out = _masked_attention(q.transpose(0, 1), keys, values, self.sliding_window,
+                                    positions)
+            return out.transpose(0, 1)  # [R, H, D]
         out = causal_attention(q.transpose(0, 1), keys, values, self.sliding_window)  # [H, T, D]
         return out.transpose(0, 1)  # [T, H, D]
 
@@ -102,11 +109,14 @@ def causal_attention(q: Tensor, k: Tensor, v: Tensor, sliding_window: int | None
     return _masked_attention(q, k, v, None)
 
 
-def _masked_attention(q: Tensor, k: Tensor, v: Tensor, sliding_window: int | None) -> Tensor:
-    """Explicit-mask path: chunked prefill after a cached prefix, or a sliding window."""
+def _masked_attention(q: Tensor, k: Tensor, v: Tensor, sliding_window: int | None,
+                      query_index: Tensor | None = None) -> Tensor:
+    """Explicit-mask path: chunked prefill after a cached prefix, a sliding window, or queries
+    at the given absolute positions `query_index` `[T]` (default: the last T positions)."""
     num_new, num_total = q.shape[1], k.shape[1]
     key_index = torch.arange(num_total, device=q.device)
-    query_index = torch.arange(num_total - num_new, num_total, device=q.device)
+    if query_index is None:
+        query_index = torch.arange(num_total - num_new, num_total, device=q.device)
     offset = query_index[:, None] - key_index[None, :]  # [T, S] query pos - key pos
     mask = offset >= 0  # [T, S] bool
     if sliding_window is not None:

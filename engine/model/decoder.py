@@ -36,10 +36,14 @@ class DecoderLayer(nn.Module):
         self.post_attention_norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = SwiGLUMLP(config.hidden_size, config.intermediate_size)
 
-    def forward(self, hidden: Tensor, cos: Tensor, sin: Tensor, attention: AttentionFn) -> Tensor:
-        """`hidden` `[num_tokens, hidden]` -> `[num_tokens, hidden]`."""
+    def forward(self, hidden: Tensor, cos: Tensor, sin: Tensor, attention: AttentionFn,
+                output_rows: Tensor | None = None) -> Tensor:
+        """`hidden` `[num_tokens, hidden]` -> `[num_tokens, hidden]`, or only `output_rows`
+        `[len(output_rows), hidden]` (every token's k/v still reaches the attention)."""
+        residual = hidden if output_rows is None else hidden.index_select(0, output_rows)
         # The residual adds go into the fresh projection outputs (no extra allocation).
-        hidden = self.attn(self.input_norm(hidden), cos, sin, attention).add_(hidden)
+        attended = self.attn(self.input_norm(hidden), cos, sin, attention, output_rows)
+        hidden = attended.add_(residual)
         return self.mlp(self.post_attention_norm(hidden)).add_(hidden)
 
 
@@ -79,9 +83,15 @@ class CausalLM(nn.Module):
         return self.embed_tokens.weight.device
 
     @torch.inference_mode()
-    def forward(self, input_ids: Tensor, positions: Tensor, attention: AttentionFn) -> Tensor:
+    def forward(self, input_ids: Tensor, positions: Tensor, attention: AttentionFn,
+                output_rows: Tensor | None = None) -> Tensor:
         """`input_ids` `[num_tokens]` int64, `positions` `[num_tokens]` int64 ->
-        hidden `[num_tokens, hidden]` after the final norm."""
+        hidden `[num_tokens, hidden]` after the final norm.
+
+        `output_rows` `[R]` int64 (ascending) asks for those rows only, `[R, hidden]`: the last
+        layer then computes queries, attention, MLP and norm for them alone (a prefill that
+        samples one token skips ~1/num_layers of its work); every token's k/v is still cached.
+        """
         if input_ids.dim() != 1 or positions.shape != input_ids.shape:
             raise ValueError(
                 "input_ids and positions must both be 1-D [num_tokens], got "
@@ -89,9 +99,10 @@ class CausalLM(nn.Module):
             )
         hidden = self.embed_tokens(input_ids)  # [T, hidden]
         cos, sin = self.rotary.cos_sin(positions, hidden.dtype)  # [T, 1, head_dim] each
-        for layer in self.layers:
+        *body, last = self.layers
+        for layer in body:
             hidden = layer(hidden, cos, sin, attention)
-        return self.norm(hidden)
+        return self.norm(last(hidden, cos, sin, attention, output_rows))
 
     @torch.inference_mode()
     def compute_logits(self, hidden: Tensor) -> Tensor:

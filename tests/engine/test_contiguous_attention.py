@@ -84,3 +84,18 @@ def test_forward_rejects_batched_input(tiny_model):
     with pytest.raises(ValueError, match="1-D"):
         tiny_model(torch.zeros(1, 3, dtype=torch.int64), torch.zeros(1, 3, dtype=torch.int64),
                    ContiguousAttention(2))
+
+
+@pytest.mark.parametrize("rows", [[22], [0, 5, 22], [], [3, 4]])
+def test_output_rows_equal_those_rows_of_the_full_pass(tiny_model, rows):
+    """The last layer computes only `output_rows`; after a cached first chunk too."""
+    ids = torch.randint(3, 300, (30,), generator=torch.Generator().manual_seed(2))
+    expected = full_logits(tiny_model, ids)[7:]  # [23, vocab] rows 7.. of the full pass
+    attention = ContiguousAttention(2)
+    tiny_model(ids[:7], torch.arange(7), attention)  # cached history
+    selected = torch.tensor(rows, dtype=torch.int64)
+    hidden = tiny_model(ids[7:], torch.arange(7, 30), attention, output_rows=selected)
+    assert hidden.shape == (len(rows), tiny_model.config.hidden_size)
+    assert attention.num_cached_tokens == 30  # every token's k/v was still cached
+    torch.testing.assert_close(tiny_model.compute_logits(hidden), expected[selected],
+                               atol=1e-4, rtol=1e-4)

@@ -58,12 +58,12 @@ def test_metadata_moves_every_tensor() -> None:
 
     meta = AttentionMetadata(
         index(1, 2), index(0, 1), index(4, 5), 1, index(0)[None], index(1), index(0)[None],
-        index(0, 1), index(0), index(1),
+        index(0, 1), index(0), index(1), index(0)[None], index(2),
     )
     assert meta.to(torch.device("cpu")) is meta
     moved = meta.to(torch.device("meta"))
     tensors = [v for v in vars(moved).values() if isinstance(v, torch.Tensor)]
-    assert len(tensors) == 9 and all(t.device.type == "meta" for t in tensors)
+    assert len(tensors) == 11 and all(t.device.type == "meta" for t in tensors)
     assert moved.num_decode_tokens == 1
 
 
