@@ -3,7 +3,8 @@
 Every ratio is measured side by side in one run (interleaved rounds, medians) on the same
 threads. ``--quick`` runs the TTFT part only (what the README's first command runs).
 
-    python benchmarks/engine_bench.py [--quick] [--threads 2] [--out results/engine_bench.json]
+    python benchmarks/engine_bench.py [--quick] [--threads 2] [--device cuda]
+                                      [--out results/engine_bench.json]
 """
 
 from __future__ import annotations
@@ -140,7 +141,7 @@ def throughput(llm: LLM, prompts: list[list[int]], max_tokens: int) -> tuple[flo
 
 
 def hf_generate_throughput(hf: torch.nn.Module, prompts: list[list[int]], max_tokens: int) -> float:
-    batch = torch.tensor(prompts)
+    batch = torch.tensor(prompts, device=hf.device)
     start = time.perf_counter()
     with torch.inference_mode():
         hf.generate(
@@ -150,15 +151,17 @@ def hf_generate_throughput(hf: torch.nn.Module, prompts: list[list[int]], max_to
             min_new_tokens=max_tokens,
             do_sample=False,
             pad_token_id=0,
-        )
+        ).cpu()
     return len(prompts) * max_tokens / (time.perf_counter() - start)
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     torch.set_num_threads(args.threads)
-    llm = LLM(num_blocks=args.num_blocks)
-    hf = hf_llama_from("smollm2", llm.dtype)
-    report: dict[str, Any] = {"dtype": str(llm.dtype), "threads": args.threads}
+    llm = LLM(num_blocks=args.num_blocks, device=args.device)
+    hf = hf_llama_from("smollm2", llm.dtype).to(llm.device)
+    report: dict[str, Any] = {
+        "dtype": str(llm.dtype), "threads": args.threads, "device": str(llm.device)
+    }
     lengths = [1637] if args.quick else [1637, 4096]
     report["ttft"] = ttft_section(llm, hf, args.rounds, lengths)
     if not args.quick:
@@ -174,7 +177,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         mixed = [text_tokens(llm, int(n), 900 + i) for i, n in enumerate(rng.integers(40, 600, 24))]
         _, used = throughput(llm, mixed, 48)
         report["kv_utilization"] = used
-        off = LLM(num_blocks=args.num_blocks, enable_prefix_caching=False)
+        off = LLM(num_blocks=args.num_blocks, enable_prefix_caching=False, device=args.device)
         rates: dict[str, list[float]] = {"on": [], "off": []}
         for round_index in range(3):  # alternate, fresh unique prompts every run: 0% hits
             for name, engine in (("on", llm), ("off", off)):
@@ -191,7 +194,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def print_report(report: dict[str, Any]) -> None:
-    table = Table(title=f"engine vs transformers ({report['dtype']}, {report['threads']} threads)")
+    title = f"engine vs transformers ({report['dtype']}, {report['device']}"
+    table = Table(title=f"{title}, {report['threads']} threads)")
     for column in ("measure", "ours", "reference", "ratio", "target"):
         table.add_column(column, justify="right" if column != "measure" else "left")
     for length, row in report["ttft"].items():
@@ -243,6 +247,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--num-blocks", type=int, default=2048)
+    parser.add_argument("--device", default=None, help="cpu (default) or cuda")
     parser.add_argument("--out", default="results/engine_bench.json")
     args = parser.parse_args()
     report = run(args)

@@ -57,5 +57,7 @@ def _llama_config(config: ModelConfig):
 
 @torch.inference_mode()
 def hf_last_logits(model: torch.nn.Module, token_ids: list[int]) -> torch.Tensor:  # [vocab]
-    """One forward over ``token_ids``, computing logits for the last position only."""
-    return model(torch.tensor([token_ids]), logits_to_keep=1).logits[0, -1]
+    """One forward over ``token_ids``, computing logits for the last position only (on the
+    model's device; returned on the CPU, so the time includes the device's work)."""
+    ids = torch.tensor([token_ids], device=model.device)
+    return model(ids, logits_to_keep=1).logits[0, -1].cpu()

@@ -116,21 +116,31 @@ class EngineCore:
             self.scheduler.commit_step(out)
             now = time.perf_counter()
             sampled = [seq for seq in out.sequences if seq.samples]
+            # One argmax over the batch instead of one per row: [num_sampled] token ids.
+            greedy = logits.argmax(dim=-1).tolist() if logits.shape[0] else []
             for row, seq in enumerate(sampled):
                 group = self._by_request[seq.request]
-                self._advance(group, seq.request, logits[row], now)
+                self._advance(group, seq.request, logits[row], greedy[row], now)
                 touched[group.request_id] = group
         return [self._snapshot(group) for group in touched.values()]
 
     def _advance(
-        self, group: _RequestGroup, request: Request, logits: torch.Tensor, now: float
+        self,
+        group: _RequestGroup,
+        request: Request,
+        logits: torch.Tensor,  # [vocab] float32
+        greedy_token: int,  # argmax of ``logits``
+        now: float,
     ) -> None:
         sample = next(s for s in group.samples if s.request is request)
         children: list[_Sample] = []
         if request.num_output_tokens == 0 and request.sample_index == 0 and group.params.n > 1:
             children = [self._fork(group, request, index) for index in range(1, group.params.n)]
         for current in [sample, *children]:
-            token = sample_token(logits, group.params, current.generator)
+            if group.params.greedy:
+                token = greedy_token
+            else:
+                token = sample_token(logits, group.params, current.generator)
             self._append(current, token, now)
 
     def _fork(self, group: _RequestGroup, parent: Request, index: int) -> _Sample:
