@@ -1,8 +1,10 @@
 """Paged-attention kernels with pure-torch references of the same signatures.
 
-Dispatch (see ``prefixcache.kernels.dispatch``) picks the Triton kernel for CUDA tensors and
-the reference elsewhere (CPU). Pools may be quantized (fp8 e4m3 or int8, scaled, see
-``prefixcache.kernels.quantization``): ``store_kv`` quantizes, attention dequantizes.
+Dispatch (see ``prefixcache.kernels.dispatch``) picks the Triton kernel for CUDA tensors, the
+compiled CPU attention kernel (``prefixcache.kernels.cpu``: AVX-512 BF16, bf16 pools) where it
+applies on CPU, and the pure-torch reference elsewhere. Pools may be quantized (fp8 e4m3 or
+int8, scaled, see ``prefixcache.kernels.quantization``): ``store_kv`` quantizes, attention
+dequantizes.
 Never imports the engine or the integrations.
 """
 
@@ -11,10 +13,12 @@ from __future__ import annotations
 import torch
 
 from prefixcache.kernels.dispatch import (
+    cpu_kernels,
     get_kernel_backend,
     kernel_backend,
     set_kernel_backend,
     triton_kernels,
+    uses_cpu_kernel,
     uses_triton,
 )
 from prefixcache.kernels.quantization import KV_CACHE_DTYPES, kv_storage_dtype
@@ -62,6 +66,8 @@ def paged_decode_attention(
     """One query per sequence over its paged KV."""
     if uses_triton(q):
         impl = triton_kernels().paged_decode_attention_triton
+    elif uses_cpu_kernel(q, k_cache, k_scale):
+        impl = cpu_kernels().paged_decode_attention_cpu
     else:
         impl = paged_decode_attention_reference
     return impl(q, k_cache, v_cache, block_tables, seq_lens, scale, k_scale, v_scale)
@@ -83,6 +89,8 @@ def paged_prefill_attention(
     """Varlen new tokens: full attention over the paged context, causal over themselves."""
     if uses_triton(q):
         impl = triton_kernels().paged_prefill_attention_triton
+    elif uses_cpu_kernel(q, k_cache, k_scale):
+        impl = cpu_kernels().paged_prefill_attention_cpu
     else:
         impl = paged_prefill_attention_reference
     return impl(

@@ -1,9 +1,12 @@
-"""Choosing the implementation: Triton for CUDA tensors, the pure-torch reference elsewhere.
+"""Choosing the implementation: Triton for CUDA tensors; on CPU the compiled attention kernel
+where it applies (bf16 over a bf16 pool on an AVX512-BF16 CPU, see ``prefixcache.kernels.cpu``)
+and the pure-torch reference elsewhere.
 
 The backend is "auto" by default (the rule above). ``PREFIXCACHE_KERNELS=triton|reference``
-or ``kernel_backend("triton")`` overrides it; forcing Triton on CPU tensors only works under
-``TRITON_INTERPRET=1`` (set before triton is first imported), which is how the tests run the
-Triton kernels on a machine without a GPU. Triton is imported lazily, on first use.
+or ``kernel_backend("triton")`` overrides it ("reference": the pure-torch path everywhere).
+Forcing Triton on CPU tensors only works under ``TRITON_INTERPRET=1`` (set before triton is
+first imported), which is how the tests run the Triton kernels on a machine without a GPU.
+Triton is imported lazily, on first use.
 """
 
 from __future__ import annotations
@@ -27,7 +30,8 @@ def get_kernel_backend() -> str:
 
 
 def set_kernel_backend(backend: str) -> None:
-    """Select "auto" (Triton on CUDA, reference elsewhere), "triton" or "reference"."""
+    """Select "auto" (Triton on CUDA, the CPU kernel or reference elsewhere), "triton" or
+    "reference"."""
     global _backend
     if backend not in BACKENDS:
         raise ValueError(f"unknown kernel backend {backend!r}; choose from {BACKENDS}")
@@ -50,6 +54,24 @@ def uses_triton(tensor: torch.Tensor) -> bool:
     if _backend == "auto":
         return tensor.is_cuda
     return _backend == "triton"
+
+
+def uses_cpu_kernel(
+    q: torch.Tensor,  # [tokens, num_heads, head_dim]
+    k_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
+    k_scale: torch.Tensor | None,
+) -> bool:
+    """Whether attention on these inputs runs the compiled CPU kernel ("auto" only)."""
+    return _backend == "auto" and not q.is_cuda and cpu_kernels().cpu_kernel_supports(
+        q, k_cache, k_scale
+    )
+
+
+def cpu_kernels() -> ModuleType:
+    """The ``prefixcache.kernels.cpu`` package (compiles its library on first use)."""
+    from prefixcache.kernels import cpu as cpu_package
+
+    return cpu_package
 
 
 def triton_kernels() -> ModuleType:

@@ -30,8 +30,10 @@ def build_tokenizer(vocab_size: int = 320) -> Tokenizer:
     return tokenizer
 
 
-def make_tiny_model_dir(folder: Path, architecture: str = "llama", seed: int = 0) -> Path:
-    """Write a random 2-layer model (GQA 4/2 heads) + tokenizer.json into ``folder``."""
+def make_tiny_model_dir(folder: Path, architecture: str = "llama", seed: int = 0,
+                        **overrides: int) -> Path:
+    """Write a random 2-layer model (GQA 4/2 heads, head_dim 16 unless ``overrides`` change
+    the config) + tokenizer.json into ``folder``."""
     import transformers
 
     tokenizer = build_tokenizer()
@@ -47,6 +49,7 @@ def make_tiny_model_dir(folder: Path, architecture: str = "llama", seed: int = 0
         bos_token_id=None,
         tie_word_embeddings=architecture == "llama",
     )
+    common.update(overrides)
     torch.manual_seed(seed)
     if architecture == "llama":
         config = transformers.LlamaConfig(**common)

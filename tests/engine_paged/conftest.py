@@ -16,3 +16,12 @@ def tiny_llama_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def tiny_qwen2_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_tiny_model_dir(tmp_path_factory.mktemp("tiny-qwen2"), "qwen2")
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_hd64_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """GQA 6/2 with head_dim 64: a shape the compiled CPU attention kernel takes in bf16."""
+    return make_tiny_model_dir(
+        tmp_path_factory.mktemp("tiny-llama-hd64"), "llama",
+        hidden_size=384, num_attention_heads=6, num_key_value_heads=2,
+    )

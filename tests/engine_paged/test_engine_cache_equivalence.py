@@ -8,6 +8,7 @@ import pytest
 
 from prefixcache.engine.llm import LLM
 from prefixcache.engine.sampling_params import SamplingParams
+from prefixcache.kernels.dispatch import cpu_kernels
 
 GREEDY = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
 
@@ -21,7 +22,7 @@ def shared_prefix_prompts() -> list[list[int]]:
 
 
 def run_engine(folder: Path, prompts: list[list[int]], **kwargs) -> tuple[list[list[int]], LLM]:
-    llm = LLM(str(folder), dtype="float32", **kwargs)
+    llm = LLM(str(folder), **{"dtype": "float32", **kwargs})
     tokens = []
     for prompt in prompts:  # one at a time, so later prompts hit what earlier ones cached
         tokens.append(llm.generate([prompt], GREEDY)[0].token_ids)
@@ -48,6 +49,31 @@ def test_cached_equals_uncached(tiny_llama_dir: Path, block_size: int, chunk: in
     stats = llm.stats()
     assert stats["hit_tokens"] >= 4 * (37 // block_size) * block_size  # later prompts hit
     assert_idle_and_consistent(llm)
+
+
+@pytest.mark.parametrize("block_size", [4, 16])
+@pytest.mark.parametrize("chunk", [5, 64])
+def test_cached_equals_uncached_bf16_cpu_kernel(
+    tiny_llama_hd64_dir: Path, block_size: int, chunk: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """bf16 with head_dim 64 runs the compiled CPU attention kernel where the CPU has it (the
+    reference elsewhere): prefix hits, chunked prefill and decode still equal no reuse."""
+    calls: list[str] = []
+    package = cpu_kernels()
+    for name in ("paged_prefill_attention_cpu", "paged_decode_attention_cpu"):
+        original = getattr(package, name)
+        monkeypatch.setattr(
+            package, name, lambda *a, _o=original, _n=name, **k: calls.append(_n) or _o(*a, **k)
+        )
+    prompts = shared_prefix_prompts()
+    kwargs = dict(dtype="bfloat16", num_blocks=64, block_size=block_size)
+    expected, _ = run_engine(tiny_llama_hd64_dir, prompts, enable_prefix_caching=False, **kwargs)
+    got, llm = run_engine(tiny_llama_hd64_dir, prompts, max_num_batched_tokens=chunk, **kwargs)
+    assert got == expected
+    assert llm.stats()["hit_tokens"] >= 4 * (37 // block_size) * block_size
+    assert_idle_and_consistent(llm)
+    if package.cpu_attention_available():
+        assert {"paged_prefill_attention_cpu", "paged_decode_attention_cpu"} <= set(calls)
 
 
 def test_batched_equals_sequential(tiny_qwen2_dir: Path) -> None:

@@ -1,4 +1,5 @@
-"""Dispatch: reference on CPU by default, Triton when forced (interpreted here) or on CUDA."""
+"""Dispatch: on CPU the compiled kernel (bf16) or the reference, Triton when forced
+(interpreted here) or on CUDA."""
 
 from __future__ import annotations
 
@@ -74,3 +75,42 @@ def test_unknown_backend_is_rejected() -> None:
     with pytest.raises(ValueError, match="backend"):
         kernels.set_kernel_backend("cuda")
     assert dispatch.get_kernel_backend() == "auto"
+
+
+@pytest.mark.parametrize(
+    ("dtype", "kv_cache_dtype", "backend", "compiled"),
+    [
+        (torch.bfloat16, "auto", "auto", True),
+        (torch.float32, "auto", "auto", False),  # fp32: the reference
+        (torch.bfloat16, "int8", "auto", False),  # quantized pool: the reference
+        (torch.bfloat16, "auto", "reference", False),  # forced
+    ],
+)
+def test_cpu_attention_picks_the_compiled_kernel_for_bf16_pools(
+    monkeypatch: pytest.MonkeyPatch, dtype, kv_cache_dtype: str, backend: str, compiled: bool
+) -> None:
+    package = dispatch.cpu_kernels()
+    if compiled and not package.cpu_attention_available():
+        pytest.skip("the compiled CPU kernel is unavailable on this machine")
+    calls: list[str] = []
+    for name in ("paged_prefill_attention_cpu", "paged_decode_attention_cpu"):
+        original = getattr(package, name)
+        monkeypatch.setattr(
+            package, name, lambda *a, _o=original, _n=name, **k: calls.append(_n) or _o(*a, **k)
+        )
+    pool = make_pool([20, 3], 2, 64, 16, num_blocks=16, kv_cache_dtype=kv_cache_dtype)
+    if kv_cache_dtype == "auto":
+        pool.k_cache, pool.v_cache = pool.k_cache.to(dtype), pool.v_cache.to(dtype)
+    q, k, v, starts = varlen_queries([4, 1], 4, 2, 64)
+    q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
+    lens = torch.tensor([20, 3], dtype=torch.int32)
+    scales = (pool.k_scale, pool.v_scale)
+    with kernels.kernel_backend(backend):
+        kernels.paged_decode_attention(
+            q[:2], pool.k_cache, pool.v_cache, pool.block_tables, lens, 0.125, *scales
+        )
+        kernels.paged_prefill_attention(
+            q, k, v, pool.k_cache, pool.v_cache, pool.block_tables, starts, lens, 0.125, *scales
+        )
+    expected = ["paged_decode_attention_cpu", "paged_prefill_attention_cpu"] if compiled else []
+    assert calls == expected

@@ -1,0 +1,178 @@
+"""Compile ``paged_attention.c`` with the system gcc at first use and load it with ctypes.
+
+The shared library is cached as ``$XDG_CACHE_HOME/prefixcache/kernels/<hash>.so`` (default
+``~/.cache``), the hash covering the source, the compiler command and version, the CPU flags
+and the OpenMP runtime it links; it is written to a temporary file and renamed into place, so
+concurrent processes never see a partial file. The kernel is linked against the OpenMP runtime
+torch itself loaded (the ``libgomp`` bundled in pip wheels), so torch and the kernel share one
+thread pool instead of two runtimes spinning against each other.
+
+``load_library()`` returns the loaded library or None, never raises; the reason it is None is
+logged once at debug level. ``PREFIXCACHE_CPU_KERNELS=0`` disables the kernels.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import logging
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+import threading
+from pathlib import Path
+
+import torch
+
+log = logging.getLogger(__name__)
+
+SOURCE = Path(__file__).with_name("paged_attention.c")
+REQUIRED_CPU_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_bf16")
+COMPILE_FLAGS = (
+    "-O3", "-fPIC", "-std=gnu11", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq",
+    "-mavx512bf16", "-mfma", "-fopenmp",
+)  # fmt: skip
+
+_lock = threading.Lock()
+_state: dict[str, object] = {}  # "lib": CDLL | None once tried, "reason": str
+
+
+def kernels_enabled() -> bool:
+    """False when ``PREFIXCACHE_CPU_KERNELS`` is set to 0/false/off/no."""
+    value = os.environ.get("PREFIXCACHE_CPU_KERNELS", "1").strip().lower()
+    return value not in ("0", "false", "off", "no")
+
+
+def cpu_flags() -> set[str]:
+    """The flags of the first processor in /proc/cpuinfo (empty when unreadable)."""
+    try:
+        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+def torch_openmp_runtime() -> Path | None:
+    """The libgomp torch uses: the one bundled in torch/lib, else one already mapped into this
+    process (system torch builds), else None (then gcc's default libgomp is linked)."""
+    bundled = sorted((Path(torch.__file__).parent / "lib").glob("libgomp*.so*"))
+    if bundled:
+        return bundled[0]
+    try:
+        with open("/proc/self/maps", encoding="ascii", errors="replace") as f:
+            for line in f:
+                path = line.split()[-1]
+                if "/libgomp" in path and ".so" in path:
+                    return Path(path)
+    except OSError:
+        pass
+    return None
+
+
+def cache_dir() -> Path:
+    """``$XDG_CACHE_HOME/prefixcache/kernels`` (``~/.cache`` when unset)."""
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "prefixcache" / "kernels"
+
+
+def _run(cmd: list[str]) -> None:
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} failed: {done.stderr.strip()[-2000:]}")
+
+
+def _compile(gcc: str, gomp: Path | None, target: Path) -> None:
+    """Compile and link into ``target`` atomically (temporary file, then rename)."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=target.stem, suffix=".tmp")
+    os.close(fd)
+    obj = tmp + ".o"
+    try:
+        _run([gcc, *COMPILE_FLAGS, "-c", str(SOURCE), "-o", obj])
+        # link the exact runtime torch loaded (same soname, so one copy at run time)
+        link = ["-fopenmp"] if gomp is None else [str(gomp), f"-Wl,-rpath,{gomp.parent}"]
+        _run([gcc, "-shared", obj, *link, "-o", tmp])
+        os.chmod(tmp, 0o755)
+        os.replace(tmp, target)
+    finally:
+        for path in (tmp, obj):
+            if os.path.exists(path):
+                os.remove(path)
+
+
+def _build() -> ctypes.CDLL:
+    if platform.system() != "Linux" or platform.machine().lower() not in ("x86_64", "amd64"):
+        raise RuntimeError(f"needs x86-64 Linux, not {platform.system()} {platform.machine()}")
+    missing = [flag for flag in REQUIRED_CPU_FLAGS if flag not in cpu_flags()]
+    if missing:
+        raise RuntimeError(f"CPU lacks {', '.join(missing)}")
+    gcc = shutil.which("gcc")
+    if gcc is None:
+        raise RuntimeError("gcc not found on PATH")
+    version = subprocess.run(
+        [gcc, "-dumpfullversion"], capture_output=True, text=True, timeout=30, check=False
+    ).stdout.strip()
+    gomp = torch_openmp_runtime()
+    key = hashlib.sha256()
+    parts = (SOURCE.read_bytes(), gcc, version, " ".join(COMPILE_FLAGS),
+             " ".join(sorted(cpu_flags())), str(gomp))  # fmt: skip
+    for part in parts:
+        key.update(part if isinstance(part, bytes) else part.encode())
+        key.update(b"\0")
+    target = cache_dir() / f"paged_attention-{key.hexdigest()[:24]}.so"
+    if not target.exists():
+        try:
+            _compile(gcc, gomp, target)
+        except OSError:  # cache not writable: build in a private temporary folder
+            target = Path(tempfile.mkdtemp(prefix="prefixcache-kernels-")) / target.name
+            _compile(gcc, gomp, target)
+    lib = ctypes.CDLL(str(target))
+    _declare(lib)
+    return lib
+
+
+def _declare(lib: ctypes.CDLL) -> None:
+    ptr, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
+    lib.pa_paged_attention.restype = i32
+    lib.pa_paged_attention.argtypes = [
+        ptr, i64, i64,  # q, token stride, head stride
+        ptr, i64, i64,  # k
+        ptr, i64, i64,  # v
+        ptr, ptr, i64,  # k_cache, v_cache, num_blocks
+        ptr, i64, i64,  # block_tables, row stride, max_blocks
+        ptr, ptr, i32, i64,  # starts, lens, num_seqs, num_tokens
+        ptr, i32, i32, i32, i32,  # out, num_heads, num_kv_heads, head_dim, block_size
+        ctypes.c_float, ctypes.c_bool, i32,  # scale, decode, num_threads
+    ]  # fmt: skip
+    lib.pa_release_workspace.restype = None
+    lib.pa_release_workspace.argtypes = []
+
+
+def load_library() -> ctypes.CDLL | None:
+    """The compiled kernel library, or None when unavailable (reason logged once)."""
+    if not kernels_enabled():
+        return None
+    if "lib" in _state:
+        return _state["lib"]  # type: ignore[return-value]
+    with _lock:
+        if "lib" not in _state:
+            try:
+                _state["lib"] = _build()
+            except Exception as exc:  # unavailable, never fatal
+                _state["lib"] = None
+                _state["reason"] = str(exc)
+                log.debug("CPU attention kernels unavailable: %s", exc)
+        return _state["lib"]  # type: ignore[return-value]
+
+
+def unavailable_reason() -> str | None:
+    """Why ``load_library()`` returned None, if it did."""
+    if not kernels_enabled():
+        return "disabled by PREFIXCACHE_CPU_KERNELS=0"
+    load_library()
+    return _state.get("reason")  # type: ignore[return-value]

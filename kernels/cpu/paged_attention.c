@@ -1,0 +1,594 @@
+/*
+ * Paged attention over a bf16 KV pool for x86-64 CPUs with AVX-512 and AVX512-BF16.
+ *
+ * Flash-attention style: online softmax in float32, the score matrix is never materialized.
+ * The query rows of a kv head are (query token, query head of the group) pairs, so a GQA
+ * group's heads share one read of K/V. Work items are (sequence, kv head, range of query rows),
+ * or, for short queries over many sequences (decode), (sequence, all kv heads).
+ * A row tile of up to RB rows is scored against KB keys at a time:
+ *
+ *   S = Q K^T   _mm512_dpbf16_ps, keys packed as [head_dim/2][KB][2] (16 keys x 2 dims a zmm,
+ *               a query dim pair broadcast from memory)
+ *   online softmax on S (exp2 polynomial), P rounded to bf16
+ *   O += P V    _mm512_dpbf16_ps, values packed as [KB/2][head_dim][2] (16 dims x 2 keys a
+ *               zmm, a P key pair broadcast from memory)
+ *
+ * Keys and values are packed once per (sequence, kv head) in a parallel pass when a sequence
+ * has more than one row tile per kv head (prefill), otherwise per key block inside the work
+ * item (decode), so each key is read from the pool once per use.
+ *
+ * Key j of a sequence is cache token j for j < ncache (found through the block table), else
+ * new token (qs + j - ncache) of k/v. Query token t sees keys [0, lim0 + t).
+ */
+#include <immintrin.h>
+#include <omp.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define KB 64        /* keys per online-softmax step */
+#define RB 6         /* query rows per register tile */
+#define ROWS_ITEM 48 /* query rows per work item */
+#define MAX_D 256    /* largest head_dim (a multiple of 32) */
+
+typedef uint16_t bf16;
+
+typedef struct {
+    int64_t qs;     /* row of the sequence's first query token in q / out / k / v */
+    int nq;         /* query tokens */
+    int ncache;     /* keys read from the cache */
+    int lim0;       /* keys visible to query token 0 */
+    int64_t ws_off; /* byte offset of the prepacked K/V of kv head 0, or -1: pack per item */
+} seq_info;
+
+typedef struct {
+    int seq, h0, h1, r0, r1; /* kv heads [h0, h1), query rows [r0, r1) of each */
+    int64_t cost;
+} work_item;
+
+typedef struct {
+    int seq, kb; /* key block kb of all kv heads */
+} pack_item;
+
+typedef struct {
+    const bf16 *q, *k, *v, *k_cache, *v_cache;
+    int64_t q_st, q_sh, k_st, k_sh, v_st, v_sh;
+    const int32_t *bt;
+    int64_t bt_stride;
+    bf16 *out;
+    int H, KVH, G, D, bs;
+    float c; /* scale * log2(e): scores are exponentiated in base 2 */
+    const seq_info *seqs;
+    char *ws;
+} problem;
+
+/* Per-thread scratch, 64-byte aligned members. */
+typedef struct {
+    bf16 qt[RB * MAX_D];              /* query tile, row stride MAX_D */
+    bf16 pt[RB * KB];                 /* probabilities of the current key block, bf16 */
+    float o[RB * MAX_D];              /* output accumulator, row stride MAX_D */
+    uint32_t kp[(MAX_D / 2) * KB];    /* keys packed per item (decode) */
+    uint32_t vp[(KB / 2) * MAX_D];    /* values packed per item (decode) */
+    const bf16 *kr[2][KB], *vr[2][KB]; /* source rows of this and the next key block */
+} __attribute__((aligned(64))) scratch;
+
+/* acc += (pair at ptr, broadcast) . x, pairwise over 16 lanes of bf16 pairs. */
+#define DPBF16_BCAST(acc, x, ptr) \
+    (acc) = _mm512_dpbf16_ps((acc), (__m512bh)_mm512_set1_epi32((int)*(ptr)), (x))
+
+static inline int64_t packed_bytes(int nkeys, int D) { /* one of K or V of one kv head */
+    return (int64_t)((nkeys + KB - 1) / KB) * KB * D * 2;
+}
+
+/* ------------------------------------------------------------------ math helpers */
+
+/* 2^x = 2^floor(x) * 2^f with f = x - floor(x) in [0, 1) (vreduceps): a degree-5 minimax
+ * polynomial for 2^f (relative error 1.6e-7 in float32), scaled by vscalefps, which itself
+ * takes floor(x). Very negative x (down to -1e38) gives 0; x must not be -inf or NaN. */
+static inline __m512 exp2_ps(__m512 x) {
+    const __m512 f = _mm512_reduce_ps(x, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+    __m512 p = _mm512_set1_ps(1.8775763211698725e-3f);
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(8.98934094749726e-3f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.5826317333923375e-2f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.401536172874479e-1f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.931530731720384e-1f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.999999250640293e-1f));
+    return _mm512_scalef_ps(p, x);
+}
+
+/* Max of all lanes, broadcast to every lane. */
+static inline __m512 hmax_bcast(__m512 x) {
+    x = _mm512_max_ps(x, _mm512_shuffle_f32x4(x, x, _MM_SHUFFLE(1, 0, 3, 2)));
+    x = _mm512_max_ps(x, _mm512_shuffle_f32x4(x, x, _MM_SHUFFLE(2, 3, 0, 1)));
+    x = _mm512_max_ps(x, _mm512_permute_ps(x, _MM_SHUFFLE(1, 0, 3, 2)));
+    return _mm512_max_ps(x, _mm512_permute_ps(x, _MM_SHUFFLE(2, 3, 0, 1)));
+}
+
+/* 16x16 transpose of 32-bit elements, in place. */
+static inline void transpose16(__m512i r[16]) {
+    __m512i t[16], u[16];
+    for (int i = 0; i < 8; i++) {
+        t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
+        t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
+    }
+    for (int g = 0; g < 4; g++) { /* u[4g + j], lane L: column 4L + j of rows 4g .. 4g+3 */
+        u[4 * g + 0] = _mm512_unpacklo_epi64(t[4 * g], t[4 * g + 2]);
+        u[4 * g + 1] = _mm512_unpackhi_epi64(t[4 * g], t[4 * g + 2]);
+        u[4 * g + 2] = _mm512_unpacklo_epi64(t[4 * g + 1], t[4 * g + 3]);
+        u[4 * g + 3] = _mm512_unpackhi_epi64(t[4 * g + 1], t[4 * g + 3]);
+    }
+    for (int j = 0; j < 4; j++) {
+        const __m512i a = _mm512_shuffle_i32x4(u[j], u[4 + j], 0x88);
+        const __m512i b = _mm512_shuffle_i32x4(u[j], u[4 + j], 0xDD);
+        const __m512i c = _mm512_shuffle_i32x4(u[8 + j], u[12 + j], 0x88);
+        const __m512i d = _mm512_shuffle_i32x4(u[8 + j], u[12 + j], 0xDD);
+        r[j] = _mm512_shuffle_i32x4(a, c, 0x88);
+        r[8 + j] = _mm512_shuffle_i32x4(a, c, 0xDD);
+        r[4 + j] = _mm512_shuffle_i32x4(b, d, 0x88);
+        r[12 + j] = _mm512_shuffle_i32x4(b, d, 0xDD);
+    }
+}
+
+/* ------------------------------------------------------------------ packing */
+
+/* Source rows of keys [j0, j0 + KB) of (seq, kv head); NULL past the sequence's keys. */
+static void key_rows(const problem *p, int s, int h, int j0, const bf16 **kr, const bf16 **vr) {
+    const seq_info *si = &p->seqs[s];
+    const int total = si->lim0 + si->nq - 1;
+    const int end = j0 + KB < total ? j0 + KB : total;
+    const int cend = end < si->ncache ? end : si->ncache;
+    const int64_t tok = (int64_t)p->KVH * p->D;
+    const int32_t *bt = p->bt + (int64_t)s * p->bt_stride;
+    int j = j0;
+    if (j < cend) {
+        int blk = j / p->bs, off = j % p->bs;
+        int64_t base = ((int64_t)bt[blk] * p->bs + off) * tok + (int64_t)h * p->D;
+        for (; j < cend; j++) {
+            kr[j - j0] = p->k_cache + base;
+            vr[j - j0] = p->v_cache + base;
+            if (++off == p->bs) {
+                off = 0;
+                if (j + 1 < cend) base = (int64_t)bt[++blk] * p->bs * tok + (int64_t)h * p->D;
+            } else {
+                base += tok;
+            }
+        }
+    }
+    for (; j < end; j++) {
+        const int64_t t = si->qs + (j - si->ncache);
+        kr[j - j0] = p->k + t * p->k_st + h * p->k_sh;
+        vr[j - j0] = p->v + t * p->v_st + h * p->v_sh;
+    }
+    for (; j < j0 + KB; j++) kr[j - j0] = vr[j - j0] = NULL;
+}
+
+/* Prefetch a key block's K and V rows into L1 (they are read right after the current block). */
+static void prefetch_rows(const bf16 *const *kr, const bf16 *const *vr, int D) {
+    for (int i = 0; i < KB && kr[i]; i++) {
+        for (int off = 0; off < D; off += 32) {
+            _mm_prefetch((const char *)(kr[i] + off), _MM_HINT_T0);
+            _mm_prefetch((const char *)(vr[i] + off), _MM_HINT_T0);
+        }
+    }
+}
+
+/* kp[d2][key] = (k[key][2 d2], k[key][2 d2 + 1]) as one 32-bit pair; missing keys are 0. */
+static void pack_k(const bf16 *const *kr, int D, uint32_t *kp) {
+    for (int g = 0; g < KB / 16; g++) {
+        for (int dc = 0; dc < D / 32; dc++) {
+            __m512i r[16];
+            for (int i = 0; i < 16; i++) {
+                const bf16 *src = kr[16 * g + i];
+                r[i] = src ? _mm512_loadu_si512(src + 32 * dc) : _mm512_setzero_si512();
+            }
+            transpose16(r);
+            for (int i = 0; i < 16; i++) {
+                _mm512_store_si512(kp + (16 * dc + i) * KB + 16 * g, r[i]);
+            }
+        }
+    }
+}
+
+/* vp[k2][d] = (v[2 k2][d], v[2 k2 + 1][d]) as one 32-bit pair; missing keys are 0. */
+static void pack_v(const bf16 *const *vr, int D, uint32_t *vp) {
+    const __m512i lo = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9,
+                                        40, 8, 39, 7, 38, 6, 37, 5, 36, 4, 35, 3, 34, 2, 33, 1,
+                                        32, 0);
+    const __m512i hi = _mm512_add_epi16(lo, _mm512_set1_epi16(16));
+    for (int k2 = 0; k2 < KB / 2; k2++) {
+        const bf16 *a = vr[2 * k2], *b = vr[2 * k2 + 1];
+        for (int dc = 0; dc < D / 32; dc++) {
+            const __m512i va = a ? _mm512_loadu_si512(a + 32 * dc) : _mm512_setzero_si512();
+            const __m512i vb = b ? _mm512_loadu_si512(b + 32 * dc) : _mm512_setzero_si512();
+            uint32_t *dst = vp + (int64_t)k2 * D + 32 * dc;
+            _mm512_store_si512(dst, _mm512_permutex2var_epi16(va, lo, vb));
+            _mm512_store_si512(dst + 16, _mm512_permutex2var_epi16(va, hi, vb));
+        }
+    }
+}
+
+/* ----------------------------------------------------------- one row tile x one key block */
+
+typedef struct {
+    const uint32_t *kp, *vp; /* packed keys [D/2][KB], values [KB/2][D] */
+    int masked;              /* some row sees only part of the block */
+    int nk2;                 /* key pairs of the block that any row sees */
+    int lim[RB];             /* keys of this block each row sees (may be <= 0 or > KB) */
+} block_args;
+
+/* O columns [d0, d0 + 16 NV) of R rows: O = O * alpha + P V (no rescale when alpha is NULL). */
+#define INLINE static inline __attribute__((always_inline))
+INLINE void pv_chunk(const int R, const int NV, int D, int d0, const block_args *a, scratch *sc,
+                     const __m512 *alpha) {
+    __m512 o[RB][4];
+    const uint32_t *pt = (const uint32_t *)sc->pt;
+#pragma GCC unroll 8
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 4
+        for (int v = 0; v < NV; v++) {
+            o[r][v] = _mm512_load_ps(sc->o + r * MAX_D + d0 + 16 * v);
+            if (alpha) o[r][v] = _mm512_mul_ps(o[r][v], alpha[r]);
+        }
+    const uint32_t *vp = a->vp + d0;
+    for (int k2 = 0; k2 < a->nk2; k2++, vp += D) {
+        __m512bh vv[4];
+#pragma GCC unroll 4
+        for (int v = 0; v < NV; v++) vv[v] = (__m512bh)_mm512_load_si512(vp + 16 * v);
+#pragma GCC unroll 8
+        for (int r = 0; r < R; r++) {
+#pragma GCC unroll 4
+            for (int v = 0; v < NV; v++) DPBF16_BCAST(o[r][v], vv[v], pt + r * (KB / 2) + k2);
+        }
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 4
+        for (int v = 0; v < NV; v++) _mm512_store_ps(sc->o + r * MAX_D + d0 + 16 * v, o[r][v]);
+}
+
+/* Online-softmax state of one row, all vectors broadcast. The reference max m is only raised
+ * when a score exceeds it by more than LAZY_MAX (in units of log2 of the probability), so most
+ * key blocks need no rescaling of O and l; probabilities stay below 2^LAZY_MAX. */
+#define LAZY_MAX 8.0f
+#define MASKED (-1e30f) /* score of a key a row must not see: exp2 of it is 0 */
+typedef struct {
+    __m512 m;    /* reference max of the raw scores */
+    __m512 mc;   /* m * c */
+    __m512 mthr; /* m + LAZY_MAX / c: scores above it trigger a rescale */
+    __m512 l;    /* lane-wise partial sums of the probabilities */
+} row_state;
+
+/* Scores, online softmax update, P into sc->pt, then O update, for R rows. */
+INLINE void block_step(const int R, int D, float c, const block_args *a, scratch *sc,
+                       row_state *st) {
+    __m512 acc[RB][4];
+#pragma GCC unroll 8
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 4
+        for (int j = 0; j < 4; j++) acc[r][j] = _mm512_setzero_ps();
+    const uint32_t *q32 = (const uint32_t *)sc->qt;
+    const uint32_t *kp = a->kp;
+    for (int d = 0; d < D / 2; d++, kp += KB) {
+        const __m512bh k0 = (__m512bh)_mm512_load_si512(kp);
+        const __m512bh k1 = (__m512bh)_mm512_load_si512(kp + 16);
+        const __m512bh k2 = (__m512bh)_mm512_load_si512(kp + 32);
+        const __m512bh k3 = (__m512bh)_mm512_load_si512(kp + 48);
+#pragma GCC unroll 8
+        for (int r = 0; r < R; r++) {
+            const uint32_t *qp = q32 + r * (MAX_D / 2) + d;
+            DPBF16_BCAST(acc[r][0], k0, qp);
+            DPBF16_BCAST(acc[r][1], k1, qp);
+            DPBF16_BCAST(acc[r][2], k2, qp);
+            DPBF16_BCAST(acc[r][3], k3, qp);
+        }
+    }
+    __m512 vmax[RB];
+    __mmask16 over = 0;
+#pragma GCC unroll 8
+    for (int r = 0; r < R; r++) {
+        if (a->masked) {
+            const __m512 masked = _mm512_set1_ps(MASKED);
+            const __m512i lim = _mm512_set1_epi32(a->lim[r]);
+            const __m512i iota = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2,
+                                                  1, 0);
+#pragma GCC unroll 4
+            for (int j = 0; j < 4; j++) {
+                const __m512i key = _mm512_add_epi32(iota, _mm512_set1_epi32(16 * j));
+                const __mmask16 visible = _mm512_cmplt_epi32_mask(key, lim);
+                acc[r][j] = _mm512_mask_mov_ps(masked, visible, acc[r][j]);
+            }
+        }
+        vmax[r] = _mm512_max_ps(_mm512_max_ps(acc[r][0], acc[r][1]),
+                                _mm512_max_ps(acc[r][2], acc[r][3]));
+        over |= _mm512_cmp_ps_mask(vmax[r], st[r].mthr, _CMP_GT_OQ);
+    }
+    const __m512 cv = _mm512_set1_ps(c);
+    __m512 alpha[RB];
+    if (over) { /* raise the reference max of every row to its true running max */
+        const __m512 thr = _mm512_set1_ps(LAZY_MAX / c);
+#pragma GCC unroll 8
+        for (int r = 0; r < R; r++) {
+            const __m512 mnew = _mm512_max_ps(st[r].m, hmax_bcast(vmax[r]));
+            alpha[r] = exp2_ps(_mm512_mul_ps(_mm512_sub_ps(st[r].m, mnew), cv));
+            st[r].l = _mm512_mul_ps(st[r].l, alpha[r]);
+            st[r].m = mnew;
+            st[r].mc = _mm512_mul_ps(mnew, cv);
+            st[r].mthr = _mm512_add_ps(mnew, thr);
+        }
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < R; r++) {
+        const __m512 mc = st[r].mc;
+        const __m512 p0 = exp2_ps(_mm512_fmsub_ps(acc[r][0], cv, mc));
+        const __m512 p1 = exp2_ps(_mm512_fmsub_ps(acc[r][1], cv, mc));
+        const __m512 p2 = exp2_ps(_mm512_fmsub_ps(acc[r][2], cv, mc));
+        const __m512 p3 = exp2_ps(_mm512_fmsub_ps(acc[r][3], cv, mc));
+        const __m512 sum = _mm512_add_ps(_mm512_add_ps(p0, p1), _mm512_add_ps(p2, p3));
+        st[r].l = _mm512_add_ps(st[r].l, sum);
+        _mm512_store_si512(sc->pt + r * KB, (__m512i)_mm512_cvtne2ps_pbh(p1, p0));
+        _mm512_store_si512(sc->pt + r * KB + 32, (__m512i)_mm512_cvtne2ps_pbh(p3, p2));
+    }
+    const __m512 *scale_o = over ? alpha : NULL;
+    int d0 = 0;
+    for (; d0 + 64 <= D; d0 += 64) pv_chunk(R, 4, D, d0, a, sc, scale_o);
+    if (d0 < D) pv_chunk(R, 2, D, d0, a, sc, scale_o);
+}
+
+#define DEFINE_STEP(R)                                                                      \
+    static void block_step_##R(int D, float c, const block_args *a, scratch *sc,            \
+                               row_state *st) {                                             \
+        block_step(R, D, c, a, sc, st);                                                     \
+    }
+DEFINE_STEP(1)
+DEFINE_STEP(2)
+DEFINE_STEP(3)
+DEFINE_STEP(4)
+DEFINE_STEP(5)
+DEFINE_STEP(6)
+
+typedef void (*step_fn)(int, float, const block_args *, scratch *, row_state *);
+static const step_fn STEPS[RB + 1] = {NULL,         block_step_1, block_step_2, block_step_3,
+                                      block_step_4, block_step_5, block_step_6};
+
+/* ------------------------------------------------------------------ work items */
+
+/* Rows [rb, rb + R) of (seq s, kv head h): attention over all their visible keys. */
+static void row_tile(const problem *p, int s, int h, int rb, int R, scratch *sc) {
+    const seq_info *si = &p->seqs[s];
+    const int D = p->D, G = p->G;
+    int lim[RB];
+    for (int i = 0; i < R; i++) {
+        const int t = (rb + i) / G, g = (rb + i) % G;
+        const bf16 *src = p->q + (si->qs + t) * p->q_st + (int64_t)(h * G + g) * p->q_sh;
+        memcpy(sc->qt + i * MAX_D, src, (size_t)D * sizeof(bf16));
+        memset(sc->o + i * MAX_D, 0, (size_t)D * sizeof(float));
+        lim[i] = si->lim0 + t;
+    }
+    const int lim_lo = lim[0], lim_hi = lim[R - 1];
+    row_state st[RB];
+    for (int i = 0; i < R; i++) {
+        st[i].m = _mm512_set1_ps(MASKED);
+        st[i].mc = _mm512_set1_ps(MASKED * p->c);
+        st[i].mthr = _mm512_set1_ps(-__builtin_inff()); /* the first block sets m */
+        st[i].l = _mm512_setzero_ps();
+    }
+    const uint32_t *kpre = NULL, *vpre = NULL;
+    if (si->ws_off >= 0) {
+        const int64_t bytes = packed_bytes(si->lim0 + si->nq - 1, D);
+        kpre = (const uint32_t *)(p->ws + si->ws_off + 2 * bytes * h);
+        vpre = (const uint32_t *)(p->ws + si->ws_off + 2 * bytes * h + bytes);
+    }
+    const step_fn step = STEPS[R];
+    block_args a;
+    int cur = 0; /* packing here: rows of block kb in kr[cur], of block kb + 1 prefetched */
+    if (!kpre && lim_hi > 0) {
+        key_rows(p, s, h, 0, sc->kr[0], sc->vr[0]);
+        prefetch_rows(sc->kr[0], sc->vr[0], D);
+    }
+    for (int kb = 0; kb * KB < lim_hi; kb++) {
+        if (kpre) {
+            a.kp = kpre + (int64_t)kb * KB * D / 2;
+            a.vp = vpre + (int64_t)kb * KB * D / 2;
+        } else {
+            if ((kb + 1) * KB < lim_hi) {
+                key_rows(p, s, h, (kb + 1) * KB, sc->kr[cur ^ 1], sc->vr[cur ^ 1]);
+                prefetch_rows(sc->kr[cur ^ 1], sc->vr[cur ^ 1], D);
+            }
+            pack_k(sc->kr[cur], D, sc->kp);
+            pack_v(sc->vr[cur], D, sc->vp);
+            cur ^= 1;
+            a.kp = sc->kp;
+            a.vp = sc->vp;
+        }
+        a.masked = (kb + 1) * KB > lim_lo;
+        const int seen = lim_hi - kb * KB < KB ? lim_hi - kb * KB : KB;
+        a.nk2 = (seen + 1) / 2;
+        for (int i = 0; i < R; i++) a.lim[i] = lim[i] - kb * KB;
+        step(D, p->c, &a, sc, st);
+    }
+    for (int i = 0; i < R; i++) {
+        const int t = (rb + i) / G, g = (rb + i) % G;
+        bf16 *dst = p->out + ((si->qs + t) * p->H + h * G + g) * (int64_t)D;
+        const float sum = _mm512_reduce_add_ps(st[i].l);
+        const __m512 inv = _mm512_set1_ps(lim[i] > 0 ? 1.0f / sum : 0.0f);
+        for (int d = 0; d < D; d += 16) {
+            const __m512 o = _mm512_mul_ps(_mm512_load_ps(sc->o + i * MAX_D + d), inv);
+            _mm256_storeu_si256((__m256i *)(dst + d), (__m256i)_mm512_cvtneps_pbh(o));
+        }
+    }
+}
+
+/* Packs key block kb of every kv head of a sequence into the workspace (the heads of a cache
+ * token are adjacent, so whole cache blocks are read in order), then prefetches block kb + 1,
+ * which dynamic scheduling most likely hands to this thread next. */
+static void pack_block(const problem *p, const pack_item *it, scratch *sc) {
+    const seq_info *si = &p->seqs[it->seq];
+    const int total = si->lim0 + si->nq - 1;
+    const int64_t bytes = packed_bytes(total, p->D);
+    const int64_t off = (int64_t)it->kb * KB * p->D * 2;
+    for (int h = 0; h < p->KVH; h++) {
+        char *base = p->ws + si->ws_off + 2 * bytes * h;
+        key_rows(p, it->seq, h, it->kb * KB, sc->kr[0], sc->vr[0]);
+        pack_k(sc->kr[0], p->D, (uint32_t *)(base + off));
+        pack_v(sc->vr[0], p->D, (uint32_t *)(base + bytes + off));
+    }
+    for (int h = 0; h < p->KVH && (it->kb + 1) * KB < total; h++) {
+        key_rows(p, it->seq, h, (it->kb + 1) * KB, sc->kr[1], sc->vr[1]);
+        prefetch_rows(sc->kr[1], sc->vr[1], p->D);
+    }
+}
+
+/* Costliest first (dynamic scheduling then balances the tail); ties in submission order. */
+static int by_cost_desc(const void *x, const void *y) {
+    const work_item *a = x, *b = y;
+    if (a->cost != b->cost) return (a->cost < b->cost) - (a->cost > b->cost);
+    if (a->seq != b->seq) return (a->seq > b->seq) - (a->seq < b->seq);
+    if (a->h0 != b->h0) return (a->h0 > b->h0) - (a->h0 < b->h0);
+    return (a->r0 > b->r0) - (a->r0 < b->r0);
+}
+
+/* ------------------------------------------------------------------ workspace */
+
+static __thread char *tls_ws = NULL;
+static __thread int64_t tls_ws_bytes = 0;
+
+static char *workspace(int64_t bytes) {
+    if (bytes > tls_ws_bytes) {
+        free(tls_ws);
+        bytes += bytes / 4;
+        tls_ws = aligned_alloc(64, (size_t)((bytes + 63) / 64 * 64));
+        tls_ws_bytes = tls_ws ? bytes : 0;
+    }
+    return tls_ws;
+}
+
+/* Frees the calling thread's cached workspace. */
+void pa_release_workspace(void) {
+    free(tls_ws);
+    tls_ws = NULL;
+    tls_ws_bytes = 0;
+}
+
+/* ------------------------------------------------------------------ entry point */
+
+/*
+ * Prefill (decode == 0): starts [num_seqs + 1] are query_start_loc, lens [num_seqs] the cached
+ * context lengths; new token i of a sequence sees the context and new tokens 0..i (k/v).
+ * Decode (decode != 0): starts is unused, query i belongs to sequence i, lens are seq_lens and
+ * all keys are in the cache; k/v are unused.
+ * Strides are in elements. Returns 0, or a negative code on invalid input (nothing written):
+ * -1 query_start_loc not monotone within [0, num_tokens], -2 negative length, -3 block table
+ * too narrow, -4 block id out of range, -5 out of memory.
+ */
+int pa_paged_attention(const bf16 *q, int64_t q_st, int64_t q_sh, const bf16 *k, int64_t k_st,
+                       int64_t k_sh, const bf16 *v, int64_t v_st, int64_t v_sh,
+                       const bf16 *k_cache, const bf16 *v_cache, int64_t num_blocks,
+                       const int32_t *bt, int64_t bt_stride, int64_t max_blocks,
+                       const int32_t *starts, const int32_t *lens, int num_seqs,
+                       int64_t num_tokens, bf16 *out, int num_heads, int num_kv_heads,
+                       int head_dim, int block_size, float scale, _Bool decode, int num_threads) {
+    if (num_seqs <= 0 || num_tokens <= 0) return 0;
+    const int G = num_heads / num_kv_heads, D = head_dim;
+    seq_info *seqs = malloc(sizeof(seq_info) * (size_t)num_seqs);
+    if (!seqs) return -5;
+    int64_t ws_bytes = 0, n_items = 0, n_packs = 0;
+    int err = 0;
+    for (int s = 0; s < num_seqs; s++) {
+        seq_info *si = &seqs[s];
+        if (decode) {
+            si->qs = s;
+            si->nq = 1;
+            si->ncache = lens[s];
+            si->lim0 = lens[s];
+        } else {
+            if (starts[s] < 0 || starts[s + 1] < starts[s] || starts[s + 1] > num_tokens) err = -1;
+            si->qs = starts[s];
+            si->nq = starts[s + 1] - starts[s];
+            si->ncache = lens[s];
+            si->lim0 = lens[s] + 1;
+        }
+        if (lens[s] < 0) err = -2;
+        if (err) break;
+        si->ws_off = -1;
+        if (si->nq == 0) continue; /* nothing read for it */
+        const int64_t nblk = ((int64_t)si->ncache + block_size - 1) / block_size;
+        if (nblk > max_blocks) err = -3;
+        for (int64_t b = 0; b < nblk && !err; b++) {
+            const int32_t id = bt[s * bt_stride + b];
+            if (id < 0 || id >= num_blocks) err = -4;
+        }
+        if (err) break;
+        const int rows = si->nq * G;
+        n_items += (int64_t)num_kv_heads * ((rows + ROWS_ITEM - 1) / ROWS_ITEM);
+        if (!decode && rows > RB) {
+            const int total = si->lim0 + si->nq - 1;
+            si->ws_off = ws_bytes;
+            ws_bytes += 2 * packed_bytes(total, D) * num_kv_heads;
+            n_packs += (total + KB - 1) / KB;
+        }
+    }
+    if (err) {
+        free(seqs);
+        return err;
+    }
+    const int nt = num_threads > 0 ? num_threads : 1;
+    const int64_t scratch_off = (ws_bytes + 63) / 64 * 64;
+    char *ws = workspace(scratch_off + (int64_t)sizeof(scratch) * nt);
+    work_item *items = malloc(sizeof(work_item) * (size_t)(n_items + 1));
+    pack_item *packs = malloc(sizeof(pack_item) * (size_t)(n_packs + 1));
+    if (!ws || !items || !packs) {
+        free(seqs);
+        free(items);
+        free(packs);
+        return -5;
+    }
+    int64_t ni = 0, np = 0;
+    for (int s = 0; s < num_seqs; s++) {
+        const seq_info *si = &seqs[s];
+        const int rows = si->nq * G;
+        const int total = si->lim0 + si->nq - 1;
+        for (int kb = 0; si->ws_off >= 0 && kb * KB < total; kb++) packs[np++] = (pack_item){s, kb};
+        if (si->ws_off < 0 && rows <= ROWS_ITEM && num_seqs >= 4 * nt && rows > 0) {
+            /* decode-like and enough sequences to share out: one item reads each cache block of
+             * the sequence for all kv heads in turn (page and cache-line locality) */
+            const int64_t keys = si->lim0 + si->nq / 2 + KB;
+            items[ni++] = (work_item){s, 0, num_kv_heads, 0, rows,
+                                      keys * (rows + RB) * num_kv_heads};
+            continue;
+        }
+        for (int h = 0; h < num_kv_heads; h++) {
+            for (int r0 = 0; r0 < rows; r0 += ROWS_ITEM) {
+                const int r1 = r0 + ROWS_ITEM < rows ? r0 + ROWS_ITEM : rows;
+                const int64_t keys = si->lim0 + (r0 + r1) / (2 * G) + KB;
+                items[ni++] = (work_item){s, h, h + 1, r0, r1, keys * (r1 - r0 + RB)};
+            }
+        }
+    }
+    qsort(items, (size_t)ni, sizeof(work_item), by_cost_desc);
+    const problem p = {.q = q, .k = k, .v = v, .k_cache = k_cache, .v_cache = v_cache,
+                       .q_st = q_st, .q_sh = q_sh, .k_st = k_st, .k_sh = k_sh, .v_st = v_st,
+                       .v_sh = v_sh, .bt = bt, .bt_stride = bt_stride, .out = out,
+                       .H = num_heads, .KVH = num_kv_heads, .G = G, .D = D, .bs = block_size,
+                       .c = scale * 1.4426950408889634f, .seqs = seqs, .ws = ws};
+#pragma omp parallel num_threads(nt)
+    {
+        const int64_t tid = omp_get_thread_num();
+        scratch *sc = (scratch *)(ws + scratch_off + (int64_t)sizeof(scratch) * tid);
+#pragma omp for schedule(dynamic, 2)
+        for (int64_t i = 0; i < np; i++) pack_block(&p, &packs[i], sc);
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t i = 0; i < ni; i++) {
+            const work_item *it = &items[i];
+            for (int h = it->h0; h < it->h1; h++) {
+                for (int rb = it->r0; rb < it->r1; rb += RB) {
+                    const int R = it->r1 - rb < RB ? it->r1 - rb : RB;
+                    row_tile(&p, it->seq, h, rb, R, sc);
+                }
+            }
+        }
+    }
+    free(seqs);
+    free(items);
+    free(packs);
+    return 0;
+}
