@@ -9,6 +9,8 @@ the long prompt in the process is reported too (`*_first_call_long_ms`).
 Ours uses `ContiguousAttention`; transformers uses its default SDPA attention and
 `DynamicCache`. Both models hold the SmolLM2-135M-Instruct GGUF weights dequantized to the
 same float values. Times are medians over rounds, each round running every case once, in turn.
+This isolates the decoder (projections, norms, RoPE, MLP) from the paged attention; the
+engine's TTFT against its targets, paged kernels included, is `engine_bench.py`'s job.
 
     python benchmarks/model_forward.py [--quick] [--threads 2] [--out results/model_forward.json]
 """
@@ -34,7 +36,6 @@ from prefixcache.engine.model_registry import resolve_model
 from prefixcache.engine.tokenizer import Tokenizer
 from prefixcache.engine.weights import GGUFFile, build_model
 
-TARGET_PREFILL_VS_HF_BF16 = 0.8  # ours bf16 long prefill / HF bf16 long prefill
 PROMPT_TEXT = (
     "You are a careful assistant. Use the documents below to answer the question, and cite "
     "the passage you rely on. Document {i}: The prefix cache keeps attention keys and values "
@@ -215,13 +216,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     results["ratios"]["ours_bf16_prefill_long_over_hf_bf16_cpu"] = round(
         bf16["ours_prefill_long_ms_cpu"] / bf16["hf_prefill_long_ms_cpu"], 3
     )
-    results["targets"] = {
-        "ours_bf16_prefill_long_over_hf_bf16": {
-            "target": f"<= {TARGET_PREFILL_VS_HF_BF16}",
-            "met": results["ratios"]["ours_bf16_prefill_long_over_hf_bf16"]
-            <= TARGET_PREFILL_VS_HF_BF16,
-        }
-    }
     report(results)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=2))
@@ -241,8 +235,6 @@ def report(results: dict[str, Any]) -> None:
         )
     for name, value in results["ratios"].items():
         print(f"  {name:46s} {value:6.3f}")
-    for name, target in results["targets"].items():
-        print(f"  target {name} {target['target']}: {'met' if target['met'] else 'NOT met'}")
 
 
 if __name__ == "__main__":
