@@ -16,7 +16,12 @@ strided slices of a fused qkv tensor), ``reference`` (``paged_*_attention_refere
 same inputs) and ``sdpa`` (``scaled_dot_product_attention`` on contiguous tensors, K/V already
 laid out per head: the cold case with K/V expanded to 9 heads and ``is_causal``, the warm case
 with each kv head's query group folded into the query axis and an additive mask, decode as
-the warm case with one query). FLOPs: 4 * heads * head_dim * (query, visible key) pairs.
+the warm case with one query); then ``kernel_int8`` / ``reference_int8`` and ``kernel_fp8`` /
+``reference_fp8``: the same calls over the pool quantized to int8 / fp8 e4m3fn with
+per-channel scales ([kv_heads, head_dim], as the engine calibrates them) and the new tokens'
+k/v still bf16, so the cold case, which reads no cached token, does the same work as with bf16.
+The ``vs ref`` column compares each variant with the reference over the same pool.
+FLOPs: 4 * heads * head_dim * (query, visible key) pairs.
 
     python benchmarks/cpu_attention.py [--threads 2] [--repeats 15] \
         [--out results/cpu_attention.json]
@@ -40,6 +45,7 @@ from prefixcache.kernels.cpu import (
     paged_decode_attention_cpu,
     paged_prefill_attention_cpu,
 )
+from prefixcache.kernels.quantization import FP8_DTYPE, quantize, scales_from_amax
 from prefixcache.kernels.reference.paged_attention import (
     paged_decode_attention_reference,
     paged_prefill_attention_reference,
@@ -48,6 +54,7 @@ from prefixcache.kernels.reference.paged_attention import (
 HEADS, KV_HEADS, HEAD_DIM, BLOCK_SIZE = 9, 3, 64, 16
 GROUP = HEADS // KV_HEADS
 SCALE = HEAD_DIM**-0.5
+QUANTIZED = {"int8": torch.int8, "fp8": FP8_DTYPE}  # variant suffix -> pool dtype
 
 
 def paged_pool(
@@ -78,6 +85,38 @@ def paged_pool(
     return k_cache, v_cache, tables, dense[0], dense[1]
 
 
+def quantized_pool(
+    k_cache: torch.Tensor,  # [num_blocks, block_size, kv_heads, dim] bf16
+    v_cache: torch.Tensor,  # [num_blocks, block_size, kv_heads, dim] bf16
+    dtype: torch.dtype,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The pool stored as ``dtype`` (int8 or fp8) with per-channel scales from its absolute
+    maxima: k_cache, v_cache [num_blocks, block_size, kv_heads, dim], k_scale, v_scale
+    [kv_heads, dim] float32."""
+    k_scale = scales_from_amax(k_cache.float().abs().amax((0, 1)), dtype, 1.0)
+    v_scale = scales_from_amax(v_cache.float().abs().amax((0, 1)), dtype, 1.0)
+    return quantize(k_cache, k_scale, dtype), quantize(v_cache, v_scale, dtype), k_scale, v_scale
+
+
+def with_quantized_pools(
+    case: dict[str, Any],
+    kernel: Callable[..., Any],
+    reference: Callable[..., Any],
+    args: tuple,
+    pool_at: int,
+) -> dict[str, Any]:
+    """Adds ``kernel_<q>`` / ``reference_<q>`` variants and checks to ``case`` for each
+    quantized pool dtype: ``args`` are the bf16 call's, with k_cache, v_cache at ``pool_at``
+    and ``pool_at + 1``; the quantized calls append k_scale, v_scale."""
+    for suffix, dtype in QUANTIZED.items():
+        k_cache, v_cache, k_scale, v_scale = quantized_pool(*args[pool_at : pool_at + 2], dtype)
+        quant = (*args[:pool_at], k_cache, v_cache, *args[pool_at + 2 :], k_scale, v_scale)
+        case["variants"][f"kernel_{suffix}"] = lambda a=quant: kernel(*a)
+        case["variants"][f"reference_{suffix}"] = lambda a=quant: reference(*a)
+        case["checks"][suffix] = (lambda a=quant: kernel(*a), lambda a=quant: reference(*a))
+    return case
+
+
 def fused_qkv(tokens: int, generator: torch.Generator) -> tuple[torch.Tensor, ...]:
     """q [T, heads, dim], k and v [T, kv_heads, dim]: strided slices of one qkv tensor."""
     qkv = torch.randn(tokens, HEADS + 2 * KV_HEADS, HEAD_DIM, generator=generator).bfloat16()
@@ -105,7 +144,7 @@ def cold_prefill(generator: torch.Generator) -> dict[str, Any]:
     q4 = q.transpose(0, 1)[None].contiguous()  # [1, heads, T, dim]
     k4 = k.repeat_interleave(GROUP, 1).transpose(0, 1)[None].contiguous()
     v4 = v.repeat_interleave(GROUP, 1).transpose(0, 1)[None].contiguous()
-    return {
+    case = {
         "name": "cold prefill (1637 new tokens, causal)",
         "pairs": tokens * (tokens + 1) // 2,
         "variants": {
@@ -113,11 +152,15 @@ def cold_prefill(generator: torch.Generator) -> dict[str, Any]:
             "reference": lambda: paged_prefill_attention_reference(*args),
             "sdpa": lambda: F.scaled_dot_product_attention(q4, k4, v4, is_causal=True, scale=SCALE),
         },
-        "check": (
-            lambda: paged_prefill_attention_cpu(*args),
-            lambda: paged_prefill_attention_reference(*args),
-        ),
+        "checks": {
+            "bf16": (
+                lambda: paged_prefill_attention_cpu(*args),
+                lambda: paged_prefill_attention_reference(*args),
+            )
+        },
     }
+    kernel, reference = paged_prefill_attention_cpu, paged_prefill_attention_reference
+    return with_quantized_pools(case, kernel, reference, args, 3)
 
 
 def warm_prefill(generator: torch.Generator) -> dict[str, Any]:
@@ -134,7 +177,7 @@ def warm_prefill(generator: torch.Generator) -> dict[str, Any]:
     rows = torch.arange(new).repeat_interleave(GROUP)[:, None] + context
     mask = torch.zeros(new * GROUP, context + new, dtype=torch.bfloat16)
     mask.masked_fill_(torch.arange(context + new)[None, :] > rows, float("-inf"))
-    return {
+    case = {
         "name": "warm prefill (64 new over 1637 cached)",
         "pairs": new * context + new * (new + 1) // 2,
         "variants": {
@@ -142,11 +185,15 @@ def warm_prefill(generator: torch.Generator) -> dict[str, Any]:
             "reference": lambda: paged_prefill_attention_reference(*args),
             "sdpa": lambda: folded_sdpa(folded, keys, values, mask),
         },
-        "check": (
-            lambda: paged_prefill_attention_cpu(*args),
-            lambda: paged_prefill_attention_reference(*args),
-        ),
+        "checks": {
+            "bf16": (
+                lambda: paged_prefill_attention_cpu(*args),
+                lambda: paged_prefill_attention_reference(*args),
+            )
+        },
     }
+    kernel, reference = paged_prefill_attention_cpu, paged_prefill_attention_reference
+    return with_quantized_pools(case, kernel, reference, args, 3)
 
 
 def batched_decode(generator: torch.Generator) -> dict[str, Any]:
@@ -160,7 +207,7 @@ def batched_decode(generator: torch.Generator) -> dict[str, Any]:
     visible = torch.arange(dense_k.shape[2])[None, :] < lengths[:, None]
     mask = torch.zeros(visible.shape, dtype=torch.bfloat16).masked_fill_(~visible, float("-inf"))
     mask = mask[:, None, None, :]  # [seqs, 1, 1, max_len]
-    return {
+    case = {
         "name": "batched decode (32 seqs x 300-400 cached)",
         "pairs": int(lengths.sum()),
         "variants": {
@@ -170,11 +217,15 @@ def batched_decode(generator: torch.Generator) -> dict[str, Any]:
                 grouped, dense_k, dense_v, attn_mask=mask, scale=SCALE
             ),
         },
-        "check": (
-            lambda: paged_decode_attention_cpu(*args),
-            lambda: paged_decode_attention_reference(*args),
-        ),
+        "checks": {
+            "bf16": (
+                lambda: paged_decode_attention_cpu(*args),
+                lambda: paged_decode_attention_reference(*args),
+            )
+        },
     }
+    kernel, reference = paged_decode_attention_cpu, paged_decode_attention_reference
+    return with_quantized_pools(case, kernel, reference, args, 1)
 
 
 def time_interleaved(variants: dict[str, Callable[[], Any]], repeats: int) -> dict[str, float]:
@@ -190,6 +241,47 @@ def time_interleaved(variants: dict[str, Callable[[], Any]], repeats: int) -> di
     return {name: statistics.median(values) for name, values in samples.items()}
 
 
+def reference_of(variant: str) -> str:
+    """The reference variant over the same pool ("reference_int8" for "kernel_int8")."""
+    _, _, pool = variant.partition("_")
+    return f"reference_{pool}" if pool else "reference"
+
+
+def max_errors(case: dict[str, Any]) -> dict[str, float]:
+    """Max abs difference between kernel and reference per pool dtype ("max_abs_err" for
+    bf16, "max_abs_err_int8", "max_abs_err_fp8")."""
+    errors = {}
+    for pool, (kernel, reference) in case["checks"].items():
+        got, expected = kernel(), reference()
+        key = "max_abs_err" if pool == "bf16" else f"max_abs_err_{pool}"
+        errors[key] = (got.float() - expected.float()).abs().max().item()
+    return errors
+
+
+def run_case(case: dict[str, Any], repeats: int) -> dict[str, Any]:
+    """Times a case's variants interleaved, then each kernel back to back; prints its table
+    rows and returns its JSON row."""
+    ms = time_interleaved(case["variants"], repeats)
+    flops = 4 * HEADS * HEAD_DIM * case["pairs"]
+    row: dict[str, Any] = {"case": case["name"], "flops": flops, **max_errors(case)}
+    for name, value in ms.items():
+        gflops = flops / value / 1e6
+        speedup_sdpa, speedup_ref = ms["sdpa"] / value, ms[reference_of(name)] / value
+        row[name] = {"ms": value, "gflops": gflops}
+        print(
+            f"{case['name']:42s} {name:14s} {value:8.3f} {gflops:8.1f} "
+            f"{speedup_sdpa:7.2f}x {speedup_ref:7.2f}x"
+        )
+    for name in [name for name in ms if name.startswith("kernel")]:
+        alone = time_interleaved({name: case["variants"][name]}, repeats)[name]
+        row[f"{name}_back_to_back_ms"] = alone  # hot caches: the kernel repeated on its own
+        label = f"({name} back to back, hot caches)"
+        print(f"{case['name']:42s} {label:41s} {alone:8.3f} ms")
+        row[f"{name}_speedup_vs_{reference_of(name)}"] = ms[reference_of(name)] / ms[name]
+    row["kernel_speedup_vs_sdpa"] = ms["sdpa"] / ms["kernel"]
+    return row
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=2)
@@ -201,29 +293,11 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     generator = torch.Generator().manual_seed(0)
     results = []
-    print(f"{'case':42s} {'variant':10s} {'ms':>8s} {'GFLOP/s':>8s} {'vs sdpa':>8s} {'vs ref':>8s}")
+    print(f"{'case':42s} {'variant':14s} {'ms':>8s} {'GFLOP/s':>8s} {'vs sdpa':>8s} {'vs ref':>8s}")
     for make in (cold_prefill, warm_prefill, batched_decode):
         case = make(generator)
-        got, expected = (fn() for fn in case["check"])
-        max_err = (got.float() - expected.float()).abs().max().item()
         repeats = args.repeats if case["pairs"] > 100_000 else args.repeats * 4
-        ms = time_interleaved(case["variants"], repeats)
-        flops = 4 * HEADS * HEAD_DIM * case["pairs"]
-        row: dict[str, Any] = {"case": case["name"], "flops": flops, "max_abs_err": max_err}
-        for name, value in ms.items():
-            gflops = flops / value / 1e6
-            speedup_sdpa, speedup_ref = ms["sdpa"] / value, ms["reference"] / value
-            row[name] = {"ms": value, "gflops": gflops}
-            print(
-                f"{case['name']:42s} {name:10s} {value:8.3f} {gflops:8.1f} "
-                f"{speedup_sdpa:7.2f}x {speedup_ref:7.2f}x"
-            )
-        alone = time_interleaved({"kernel": case["variants"]["kernel"]}, repeats)["kernel"]
-        row["kernel_back_to_back_ms"] = alone  # hot caches: the kernel repeated on its own
-        print(f"{case['name']:42s} {'(kernel back to back, hot caches)':32s} {alone:8.3f} ms")
-        row["kernel_speedup_vs_sdpa"] = ms["sdpa"] / ms["kernel"]
-        row["kernel_speedup_vs_reference"] = ms["reference"] / ms["kernel"]
-        results.append(row)
+        results.append(run_case(case, repeats))
     meta = {
         "threads": args.threads,
         "repeats": args.repeats,
@@ -232,6 +306,7 @@ def main() -> None:
         "kv_heads": KV_HEADS,
         "head_dim": HEAD_DIM,
         "block_size": BLOCK_SIZE,
+        "quantized_pools": "per-channel scales [kv_heads, head_dim]; new tokens' k/v bf16",
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"meta": meta, "cases": results}, indent=2) + "\n")

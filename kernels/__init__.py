@@ -1,10 +1,10 @@
 """Paged-attention kernels with pure-torch references of the same signatures.
 
 Dispatch (see ``prefixcache.kernels.dispatch``) picks the Triton kernel for CUDA tensors, the
-compiled CPU attention kernel (``prefixcache.kernels.cpu``: AVX-512 BF16, bf16 pools) where it
-applies on CPU, and the pure-torch reference elsewhere. Pools may be quantized (fp8 e4m3 or
-int8, scaled, see ``prefixcache.kernels.quantization``): ``store_kv`` quantizes, attention
-dequantizes.
+compiled CPU attention kernel (``prefixcache.kernels.cpu``: AVX-512 BF16, bf16 queries over
+bf16, int8 or fp8 pools) where it applies on CPU, and the pure-torch reference elsewhere.
+Pools may be quantized (fp8 e4m3 or int8, scaled, see ``prefixcache.kernels.quantization``):
+``store_kv`` quantizes, attention dequantizes.
 Never imports the engine or the integrations.
 """
 

@@ -1,5 +1,6 @@
 """Choosing the implementation: Triton for CUDA tensors; on CPU the compiled attention kernel
-where it applies (bf16 over a bf16 pool on an AVX512-BF16 CPU, see ``prefixcache.kernels.cpu``)
+where it applies (bf16 queries over a bf16, int8 or fp8 pool on an AVX512-BF16 CPU, see
+``prefixcache.kernels.cpu``)
 and the pure-torch reference elsewhere.
 
 The backend is "auto" by default (the rule above). ``PREFIXCACHE_KERNELS=triton|reference``

@@ -3,8 +3,9 @@ system gcc at first use (see ``build``) and called through ctypes.
 
 ``cpu_attention_available()`` says whether they can run here (x86-64 Linux, AVX-512 F/BW/VL
 and AVX512-BF16, gcc; ``PREFIXCACHE_CPU_KERNELS=0`` turns them off); ``cpu_kernel_supports``
-whether a given call qualifies (bf16 queries and pool). Otherwise use the references in
-``prefixcache.kernels.reference.paged_attention``, which have the same signatures.
+whether a given call qualifies (bf16 queries over a bf16, or a scaled int8 / fp8, pool).
+Otherwise use the references in ``prefixcache.kernels.reference.paged_attention``, which have
+the same signatures.
 """
 
 from __future__ import annotations

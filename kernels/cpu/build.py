@@ -143,7 +143,8 @@ def _declare(lib: ctypes.CDLL) -> None:
         ptr, i64, i64,  # q, token stride, head stride
         ptr, i64, i64,  # k
         ptr, i64, i64,  # v
-        ptr, ptr, i64,  # k_cache, v_cache, num_blocks
+        ptr, ptr, i32,  # k_cache, v_cache, pool element type (0 bf16, 1 int8, 2 fp8)
+        ptr, ptr, i64,  # k_scale, v_scale (float32 [num_kv_heads, head_dim]), num_blocks
         ptr, i64, i64,  # block_tables, row stride, max_blocks
         ptr, ptr, i32, i64,  # starts, lens, num_seqs, num_tokens
         ptr, i32, i32, i32, i32,  # out, num_heads, num_kv_heads, head_dim, block_size

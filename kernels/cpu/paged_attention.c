@@ -1,5 +1,6 @@
 /*
- * Paged attention over a bf16 KV pool for x86-64 CPUs with AVX-512 and AVX512-BF16.
+ * Paged attention over a bf16, int8 or fp8-e4m3 KV pool for x86-64 CPUs with AVX-512 and
+ * AVX512-BF16.
  *
  * Flash-attention style: online softmax in float32, the score matrix is never materialized.
  * The query rows of a kv head are (query token, query head of the group) pairs, so a GQA
@@ -19,6 +20,12 @@
  *
  * Key j of a sequence is cache token j for j < ncache (found through the block table), else
  * new token (qs + j - ncache) of k/v. Query token t sees keys [0, lim0 + t).
+ *
+ * Quantized pools (int8, fp8 e4m3fn) are dequantized while packing: stored * scale in float32
+ * (scale [num_kv_heads][head_dim]), rounded to bf16 to nearest even, as torch's
+ * dequantize(stored, scale, bfloat16) does. The conversion instruction flushes subnormal
+ * products to zero, which _mm512_dpbf16_ps would do to them anyway, so the results are those
+ * of the exact bf16 values. The new tokens' k/v (prefill) are bf16 whatever the pool holds.
  */
 #include <immintrin.h>
 #include <omp.h>
@@ -32,6 +39,8 @@
 #define MAX_D 256    /* largest head_dim (a multiple of 32) */
 
 typedef uint16_t bf16;
+
+enum { KV_BF16 = 0, KV_INT8 = 1, KV_FP8 = 2 }; /* pool element types (pa_paged_attention) */
 
 typedef struct {
     int64_t qs;     /* row of the sequence's first query token in q / out / k / v */
@@ -51,7 +60,10 @@ typedef struct {
 } pack_item;
 
 typedef struct {
-    const bf16 *q, *k, *v, *k_cache, *v_cache;
+    const bf16 *q, *k, *v;
+    const char *k_cache, *v_cache; /* pool elements of esize bytes, of type kind */
+    const float *k_scale, *v_scale; /* [KVH][D] (quantized pools only) */
+    int kind, esize;
     int64_t q_st, q_sh, k_st, k_sh, v_st, v_sh;
     const int32_t *bt;
     int64_t bt_stride;
@@ -69,7 +81,7 @@ typedef struct {
     float o[RB * MAX_D];              /* output accumulator, row stride MAX_D */
     uint32_t kp[(MAX_D / 2) * KB];    /* keys packed per item (decode) */
     uint32_t vp[(KB / 2) * MAX_D];    /* values packed per item (decode) */
-    const bf16 *kr[2][KB], *vr[2][KB]; /* source rows of this and the next key block */
+    const void *kr[2][KB], *vr[2][KB]; /* source rows of this and the next key block */
 } __attribute__((aligned(64))) scratch;
 
 /* acc += (pair at ptr, broadcast) . x, pairwise over 16 lanes of bf16 pairs. */
@@ -79,6 +91,8 @@ typedef struct {
 static inline int64_t packed_bytes(int nkeys, int D) { /* one of K or V of one kv head */
     return (int64_t)((nkeys + KB - 1) / KB) * KB * D * 2;
 }
+
+#define INLINE static inline __attribute__((always_inline))
 
 /* ------------------------------------------------------------------ math helpers */
 
@@ -131,55 +145,113 @@ static inline void transpose16(__m512i r[16]) {
 
 /* ------------------------------------------------------------------ packing */
 
-/* Source rows of keys [j0, j0 + KB) of (seq, kv head); NULL past the sequence's keys. */
-static void key_rows(const problem *p, int s, int h, int j0, const bf16 **kr, const bf16 **vr) {
+/* Source rows of keys [j0, j0 + KB) of (seq, kv head); NULL past the sequence's keys. Returns
+ * how many leading rows are pool rows (elements of p->kind); the others are bf16 rows of k/v. */
+static int key_rows(const problem *p, int s, int h, int j0, const void **kr, const void **vr) {
     const seq_info *si = &p->seqs[s];
     const int total = si->lim0 + si->nq - 1;
     const int end = j0 + KB < total ? j0 + KB : total;
     const int cend = end < si->ncache ? end : si->ncache;
-    const int64_t tok = (int64_t)p->KVH * p->D;
+    const int64_t tok = (int64_t)p->KVH * p->D * p->esize; /* bytes per cache token */
+    const int64_t head = (int64_t)h * p->D * p->esize;
     const int32_t *bt = p->bt + (int64_t)s * p->bt_stride;
     int j = j0;
     if (j < cend) {
         int blk = j / p->bs, off = j % p->bs;
-        int64_t base = ((int64_t)bt[blk] * p->bs + off) * tok + (int64_t)h * p->D;
+        int64_t base = ((int64_t)bt[blk] * p->bs + off) * tok + head;
         for (; j < cend; j++) {
             kr[j - j0] = p->k_cache + base;
             vr[j - j0] = p->v_cache + base;
             if (++off == p->bs) {
                 off = 0;
-                if (j + 1 < cend) base = (int64_t)bt[++blk] * p->bs * tok + (int64_t)h * p->D;
+                if (j + 1 < cend) base = (int64_t)bt[++blk] * p->bs * tok + head;
             } else {
                 base += tok;
             }
         }
     }
+    const int npool = j > j0 ? j - j0 : 0;
     for (; j < end; j++) {
         const int64_t t = si->qs + (j - si->ncache);
         kr[j - j0] = p->k + t * p->k_st + h * p->k_sh;
         vr[j - j0] = p->v + t * p->v_st + h * p->v_sh;
     }
     for (; j < j0 + KB; j++) kr[j - j0] = vr[j - j0] = NULL;
+    return npool;
 }
 
-/* Prefetch a key block's K and V rows into L1 (they are read right after the current block). */
-static void prefetch_rows(const bf16 *const *kr, const bf16 *const *vr, int D) {
-    for (int i = 0; i < KB && kr[i]; i++) {
-        for (int off = 0; off < D; off += 32) {
-            _mm_prefetch((const char *)(kr[i] + off), _MM_HINT_T0);
-            _mm_prefetch((const char *)(vr[i] + off), _MM_HINT_T0);
+/* Prefetch a key block's K and V rows into L1 (they are read right after the current block):
+ * the first npool rows are pool rows of esize-byte elements, the others bf16 rows of k/v.
+ * Always inlined: gcc may find an out-of-line function of only prefetches side-effect free
+ * and drop its calls. */
+INLINE void prefetch_rows(const void *const *kr, const void *const *vr, int npool, int esize,
+                          int D) {
+    int i = 0;
+    if (esize != 2) { /* quantized pool rows: D bytes each */
+        for (; i < npool; i++) {
+            for (int off = 0; off < esize * D; off += 64) {
+                _mm_prefetch((const char *)kr[i] + off, _MM_HINT_T0);
+                _mm_prefetch((const char *)vr[i] + off, _MM_HINT_T0);
+            }
+        }
+    }
+    for (; i < KB && kr[i]; i++) {
+        for (int off = 0; off < 2 * D; off += 64) {
+            _mm_prefetch((const char *)kr[i] + off, _MM_HINT_T0);
+            _mm_prefetch((const char *)vr[i] + off, _MM_HINT_T0);
         }
     }
 }
 
-/* kp[d2][key] = (k[key][2 d2], k[key][2 d2 + 1]) as one 32-bit pair; missing keys are 0. */
-static void pack_k(const bf16 *const *kr, int D, uint32_t *kp) {
+/* 32 int8 pool elements at src as float32 (exact), times the 32 scales at scale: lo, hi. */
+INLINE void dequant32_int8(const int8_t *src, const float *scale, __m512 *lo, __m512 *hi) {
+    const __m512i a = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)src));
+    const __m512i b = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(src + 16)));
+    *lo = _mm512_mul_ps(_mm512_cvtepi32_ps(a), _mm512_loadu_ps(scale));
+    *hi = _mm512_mul_ps(_mm512_cvtepi32_ps(b), _mm512_loadu_ps(scale + 16));
+}
+
+/* 32 fp8 e4m3fn pool elements at src as float32 (exact), times the 32 scales at scale: lo, hi.
+ * A byte (sign s, exponent e, mantissa m) with its bits placed as the fp16 (s, e, m << 7) is
+ * exactly 2^-8 times its e4m3fn value, subnormals included (the exponent biases differ by 8),
+ * and vcvtph2ps converts fp16 exactly (ignoring MXCSR.DAZ). The NaN bytes 0x7F / 0xFF (e and
+ * m all ones) also get the top fp16 exponent bit, from the carry of adding 1 below them, so
+ * they read as NaN. */
+INLINE void dequant32_fp8(const uint8_t *src, const float *scale, __m512 *lo, __m512 *hi) {
+    const __m512i x = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)src));
+    const __m512i h = _mm512_and_si512(_mm512_slli_epi16(x, 7), _mm512_set1_epi16(-0x4080));
+    const __m512i carry = _mm512_add_epi16(h, _mm512_set1_epi16(0x0080));
+    const __m512i f16 = _mm512_ternarylogic_epi32(h, carry, _mm512_set1_epi16(0x4000),
+                                                  0xF8); /* h | (carry & 0x4000) */
+    const __m512 two8 = _mm512_set1_ps(256.0f);
+    const __m512 a = _mm512_mul_ps(_mm512_cvtph_ps(_mm512_castsi512_si256(f16)), two8);
+    const __m512 b = _mm512_mul_ps(_mm512_cvtph_ps(_mm512_extracti64x4_epi64(f16, 1)), two8);
+    *lo = _mm512_mul_ps(a, _mm512_loadu_ps(scale));
+    *hi = _mm512_mul_ps(b, _mm512_loadu_ps(scale + 16));
+}
+
+/* Dims [32 dc, 32 dc + 32) of a row as 32 bf16: a bf16 row (the pool's when kind is KV_BF16,
+ * else a new token's k/v, pooled == 0) as is; a quantized pool row dequantized with the
+ * head's scales scale [D] and rounded to nearest even; zeros for a NULL row. */
+INLINE __m512i row_chunk(const int kind, const void *src, int pooled, int dc,
+                         const float *scale) {
+    if (!src) return _mm512_setzero_si512();
+    if (kind == KV_BF16 || !pooled) return _mm512_loadu_si512((const bf16 *)src + 32 * dc);
+    __m512 lo, hi;
+    if (kind == KV_INT8) dequant32_int8((const int8_t *)src + 32 * dc, scale + 32 * dc, &lo, &hi);
+    else dequant32_fp8((const uint8_t *)src + 32 * dc, scale + 32 * dc, &lo, &hi);
+    return (__m512i)_mm512_cvtne2ps_pbh(hi, lo);
+}
+
+/* kp[d2][key] = (k[key][2 d2], k[key][2 d2 + 1]) as one 32-bit bf16 pair; missing keys are 0.
+ * Rows [0, npool) are pool rows of type kind (scale [D]: the kv head's scales). */
+INLINE void pack_k(const int kind, const void *const *kr, int npool, int D, const float *scale,
+                   uint32_t *kp) {
     for (int g = 0; g < KB / 16; g++) {
         for (int dc = 0; dc < D / 32; dc++) {
             __m512i r[16];
             for (int i = 0; i < 16; i++) {
-                const bf16 *src = kr[16 * g + i];
-                r[i] = src ? _mm512_loadu_si512(src + 32 * dc) : _mm512_setzero_si512();
+                r[i] = row_chunk(kind, kr[16 * g + i], 16 * g + i < npool, dc, scale);
             }
             transpose16(r);
             for (int i = 0; i < 16; i++) {
@@ -189,22 +261,48 @@ static void pack_k(const bf16 *const *kr, int D, uint32_t *kp) {
     }
 }
 
-/* vp[k2][d] = (v[2 k2][d], v[2 k2 + 1][d]) as one 32-bit pair; missing keys are 0. */
-static void pack_v(const bf16 *const *vr, int D, uint32_t *vp) {
+/* vp[k2][d] = (v[2 k2][d], v[2 k2 + 1][d]) as one 32-bit bf16 pair; missing keys are 0.
+ * Rows [0, npool) are pool rows of type kind (scale [D]: the kv head's scales). */
+INLINE void pack_v(const int kind, const void *const *vr, int npool, int D, const float *scale,
+                   uint32_t *vp) {
     const __m512i lo = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9,
                                         40, 8, 39, 7, 38, 6, 37, 5, 36, 4, 35, 3, 34, 2, 33, 1,
                                         32, 0);
     const __m512i hi = _mm512_add_epi16(lo, _mm512_set1_epi16(16));
     for (int k2 = 0; k2 < KB / 2; k2++) {
-        const bf16 *a = vr[2 * k2], *b = vr[2 * k2 + 1];
+        const void *a = vr[2 * k2], *b = vr[2 * k2 + 1];
         for (int dc = 0; dc < D / 32; dc++) {
-            const __m512i va = a ? _mm512_loadu_si512(a + 32 * dc) : _mm512_setzero_si512();
-            const __m512i vb = b ? _mm512_loadu_si512(b + 32 * dc) : _mm512_setzero_si512();
+            const __m512i va = row_chunk(kind, a, 2 * k2 < npool, dc, scale);
+            const __m512i vb = row_chunk(kind, b, 2 * k2 + 1 < npool, dc, scale);
             uint32_t *dst = vp + (int64_t)k2 * D + 32 * dc;
             _mm512_store_si512(dst, _mm512_permutex2var_epi16(va, lo, vb));
             _mm512_store_si512(dst + 16, _mm512_permutex2var_epi16(va, hi, vb));
         }
     }
+}
+
+#define DEFINE_PACK(name, kind)                                                               \
+    static void pack_kv_##name(const void *const *kr, const void *const *vr, int npool,      \
+                               int D, const float *ks, const float *vs, uint32_t *kp,         \
+                               uint32_t *vp) {                                                \
+        pack_k(kind, kr, npool, D, ks, kp);                                                   \
+        pack_v(kind, vr, npool, D, vs, vp);                                                   \
+    }
+DEFINE_PACK(bf16, KV_BF16)
+DEFINE_PACK(int8, KV_INT8)
+DEFINE_PACK(fp8, KV_FP8)
+
+/* Packs one key block of kv head h (rows from key_rows) into kp [D/2][KB] and vp [KB/2][D]. */
+static void pack_kv(const problem *p, int h, const void *const *kr, const void *const *vr,
+                    int npool, uint32_t *kp, uint32_t *vp) {
+    const int D = p->D;
+    if (p->kind == KV_BF16) {
+        pack_kv_bf16(kr, vr, npool, D, NULL, NULL, kp, vp);
+        return;
+    }
+    const float *ks = p->k_scale + (int64_t)h * D, *vs = p->v_scale + (int64_t)h * D;
+    if (p->kind == KV_INT8) pack_kv_int8(kr, vr, npool, D, ks, vs, kp, vp);
+    else pack_kv_fp8(kr, vr, npool, D, ks, vs, kp, vp);
 }
 
 /* ----------------------------------------------------------- one row tile x one key block */
@@ -217,7 +315,6 @@ typedef struct {
 } block_args;
 
 /* O columns [d0, d0 + 16 NV) of R rows: O = O * alpha + P V (no rescale when alpha is NULL). */
-#define INLINE static inline __attribute__((always_inline))
 INLINE void pv_chunk(const int R, const int NV, int D, int d0, const block_args *a, scratch *sc,
                      const __m512 *alpha) {
     __m512 o[RB][4];
@@ -381,9 +478,10 @@ static void row_tile(const problem *p, int s, int h, int rb, int R, scratch *sc)
     const step_fn step = STEPS[R];
     block_args a;
     int cur = 0; /* packing here: rows of block kb in kr[cur], of block kb + 1 prefetched */
+    int npool[2] = {0, 0}; /* leading rows of kr[i] / vr[i] that are pool rows */
     if (!kpre && lim_hi > 0) {
-        key_rows(p, s, h, 0, sc->kr[0], sc->vr[0]);
-        prefetch_rows(sc->kr[0], sc->vr[0], D);
+        npool[0] = key_rows(p, s, h, 0, sc->kr[0], sc->vr[0]);
+        prefetch_rows(sc->kr[0], sc->vr[0], npool[0], p->esize, D);
     }
     for (int kb = 0; kb * KB < lim_hi; kb++) {
         if (kpre) {
@@ -391,11 +489,11 @@ static void row_tile(const problem *p, int s, int h, int rb, int R, scratch *sc)
             a.vp = vpre + (int64_t)kb * KB * D / 2;
         } else {
             if ((kb + 1) * KB < lim_hi) {
-                key_rows(p, s, h, (kb + 1) * KB, sc->kr[cur ^ 1], sc->vr[cur ^ 1]);
-                prefetch_rows(sc->kr[cur ^ 1], sc->vr[cur ^ 1], D);
+                const int nxt = cur ^ 1;
+                npool[nxt] = key_rows(p, s, h, (kb + 1) * KB, sc->kr[nxt], sc->vr[nxt]);
+                prefetch_rows(sc->kr[nxt], sc->vr[nxt], npool[nxt], p->esize, D);
             }
-            pack_k(sc->kr[cur], D, sc->kp);
-            pack_v(sc->vr[cur], D, sc->vp);
+            pack_kv(p, h, sc->kr[cur], sc->vr[cur], npool[cur], sc->kp, sc->vp);
             cur ^= 1;
             a.kp = sc->kp;
             a.vp = sc->vp;
@@ -428,13 +526,13 @@ static void pack_block(const problem *p, const pack_item *it, scratch *sc) {
     const int64_t off = (int64_t)it->kb * KB * p->D * 2;
     for (int h = 0; h < p->KVH; h++) {
         char *base = p->ws + si->ws_off + 2 * bytes * h;
-        key_rows(p, it->seq, h, it->kb * KB, sc->kr[0], sc->vr[0]);
-        pack_k(sc->kr[0], p->D, (uint32_t *)(base + off));
-        pack_v(sc->vr[0], p->D, (uint32_t *)(base + bytes + off));
+        const int npool = key_rows(p, it->seq, h, it->kb * KB, sc->kr[0], sc->vr[0]);
+        pack_kv(p, h, sc->kr[0], sc->vr[0], npool, (uint32_t *)(base + off),
+                (uint32_t *)(base + bytes + off));
     }
     for (int h = 0; h < p->KVH && (it->kb + 1) * KB < total; h++) {
-        key_rows(p, it->seq, h, (it->kb + 1) * KB, sc->kr[1], sc->vr[1]);
-        prefetch_rows(sc->kr[1], sc->vr[1], p->D);
+        const int npool = key_rows(p, it->seq, h, (it->kb + 1) * KB, sc->kr[1], sc->vr[1]);
+        prefetch_rows(sc->kr[1], sc->vr[1], npool, p->esize, p->D);
     }
 }
 
@@ -476,17 +574,24 @@ void pa_release_workspace(void) {
  * context lengths; new token i of a sequence sees the context and new tokens 0..i (k/v).
  * Decode (decode != 0): starts is unused, query i belongs to sequence i, lens are seq_lens and
  * all keys are in the cache; k/v are unused.
+ * The pool (k_cache, v_cache: [num_blocks][block_size][num_kv_heads][head_dim]) holds
+ * elements of kv_type: KV_BF16, KV_INT8 or KV_FP8 (e4m3fn); quantized pools read as
+ * stored * scale with k_scale, v_scale float32 [num_kv_heads][head_dim] (unused for bf16).
  * Strides are in elements. Returns 0, or a negative code on invalid input (nothing written):
  * -1 query_start_loc not monotone within [0, num_tokens], -2 negative length, -3 block table
- * too narrow, -4 block id out of range, -5 out of memory.
+ * too narrow, -4 block id out of range, -5 out of memory, -6 unknown kv_type or a quantized
+ * pool without scales.
  */
 int pa_paged_attention(const bf16 *q, int64_t q_st, int64_t q_sh, const bf16 *k, int64_t k_st,
                        int64_t k_sh, const bf16 *v, int64_t v_st, int64_t v_sh,
-                       const bf16 *k_cache, const bf16 *v_cache, int64_t num_blocks,
+                       const void *k_cache, const void *v_cache, int kv_type,
+                       const float *k_scale, const float *v_scale, int64_t num_blocks,
                        const int32_t *bt, int64_t bt_stride, int64_t max_blocks,
                        const int32_t *starts, const int32_t *lens, int num_seqs,
                        int64_t num_tokens, bf16 *out, int num_heads, int num_kv_heads,
                        int head_dim, int block_size, float scale, _Bool decode, int num_threads) {
+    if (kv_type != KV_BF16 && kv_type != KV_INT8 && kv_type != KV_FP8) return -6;
+    if (kv_type != KV_BF16 && (!k_scale || !v_scale)) return -6;
     if (num_seqs <= 0 || num_tokens <= 0) return 0;
     const int G = num_heads / num_kv_heads, D = head_dim;
     seq_info *seqs = malloc(sizeof(seq_info) * (size_t)num_seqs);
@@ -566,10 +671,12 @@ int pa_paged_attention(const bf16 *q, int64_t q_st, int64_t q_sh, const bf16 *k,
     }
     qsort(items, (size_t)ni, sizeof(work_item), by_cost_desc);
     const problem p = {.q = q, .k = k, .v = v, .k_cache = k_cache, .v_cache = v_cache,
-                       .q_st = q_st, .q_sh = q_sh, .k_st = k_st, .k_sh = k_sh, .v_st = v_st,
-                       .v_sh = v_sh, .bt = bt, .bt_stride = bt_stride, .out = out,
-                       .H = num_heads, .KVH = num_kv_heads, .G = G, .D = D, .bs = block_size,
-                       .c = scale * 1.4426950408889634f, .seqs = seqs, .ws = ws};
+                       .k_scale = k_scale, .v_scale = v_scale, .kind = kv_type,
+                       .esize = kv_type == KV_BF16 ? 2 : 1, .q_st = q_st, .q_sh = q_sh,
+                       .k_st = k_st, .k_sh = k_sh, .v_st = v_st, .v_sh = v_sh, .bt = bt,
+                       .bt_stride = bt_stride, .out = out, .H = num_heads, .KVH = num_kv_heads,
+                       .G = G, .D = D, .bs = block_size, .c = scale * 1.4426950408889634f,
+                       .seqs = seqs, .ws = ws};
 #pragma omp parallel num_threads(nt)
     {
         const int64_t tid = omp_get_thread_num();

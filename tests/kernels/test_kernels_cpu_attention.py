@@ -3,6 +3,13 @@
 Inputs are bf16; the reference runs in float32 on the same (bf16-rounded) values. The kernel
 rounds the softmax probabilities to bf16 for the P·V product and its output to bf16, so for
 unit-variance inputs the max abs error is ~1e-2: the tolerance is atol = rtol = 2e-2.
+
+Quantized (int8 / fp8 e4m3fn) pools are filled by the reference store with per-channel,
+per-head or scalar scales, and both sides read the same stored bytes: the reference
+dequantizes them to float32, the kernel to bf16 (as ``dequantize(..., torch.bfloat16)``), one
+more bf16 rounding of K and V, so the same tolerance applies (max abs error measured 9e-3,
+a quarter of it). That the kernel's bf16 values are exactly ``dequantize(..., bfloat16)`` is
+checked separately, bit for bit, through a one-token decode.
 """
 
 from __future__ import annotations
@@ -20,6 +27,8 @@ from prefixcache.kernels.cpu import (
     paged_prefill_attention_cpu,
 )
 from prefixcache.kernels.cpu.build import unavailable_reason
+from prefixcache.kernels.quantization import FP8_DTYPE, dequantize
+from prefixcache.kernels.reference.kv_store import store_kv_reference
 from prefixcache.kernels.reference.paged_attention import (
     paged_decode_attention_reference,
     paged_prefill_attention_reference,
@@ -32,6 +41,8 @@ if not cpu_attention_available():
 
 TOLERANCE = {"atol": 2e-2, "rtol": 2e-2}
 KV_HEADS_FOR_GROUP = {1: 2, 3: 3, 8: 1}
+QUANTIZED = {"int8": torch.int8, "fp8": FP8_DTYPE}
+SCALE_SHAPES = ["channel", "head", "scalar"]  # [kv_heads, head_dim], [kv_heads], []
 
 
 @pytest.fixture(params=[1, 2], ids=["1thread", "2threads"])
@@ -45,6 +56,63 @@ def threads(request: pytest.FixtureRequest) -> Iterator[int]:
 def bf16_pool(lengths: list[int], kv_heads: int, head_dim: int, block_size: int, **kwargs):
     pool = make_pool(lengths, kv_heads, head_dim, block_size, **kwargs)
     return pool.k_cache.bfloat16(), pool.v_cache.bfloat16(), pool.block_tables
+
+
+def coarser_scale(
+    scale: torch.Tensor,  # [kv_heads, head_dim] float32
+    scale_shape: str,
+) -> torch.Tensor:  # [kv_heads, head_dim], [kv_heads] or [], never below ``scale``
+    if scale_shape == "channel":
+        return scale
+    return scale.amax(1) if scale_shape == "head" else scale.amax()
+
+
+def quantized_pool(
+    lengths: list[int],
+    kv_heads: int,
+    head_dim: int,
+    block_size: int,
+    kv_cache_dtype: str,
+    scale_shape: str,
+    **kwargs,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """An int8 / fp8 pool of random tokens with scales of ``scale_shape``: k_cache, v_cache
+    [num_blocks, block_size, kv_heads, head_dim], block_tables [num_seqs, max_blocks] int32,
+    k_scale, v_scale. The per-channel pool of ``make_pool`` is read back and stored again by
+    the reference store with the coarser scales (never below the per-channel ones)."""
+    pool = make_pool(
+        lengths, kv_heads, head_dim, block_size, kv_cache_dtype=kv_cache_dtype, **kwargs
+    )
+    k_scale = coarser_scale(pool.k_scale, scale_shape)
+    v_scale = coarser_scale(pool.v_scale, scale_shape)
+    shape = (-1, kv_heads, head_dim)  # [slots, kv_heads, head_dim]
+    k = dequantize(pool.k_cache, pool.k_scale, torch.float32).reshape(shape)
+    v = dequantize(pool.v_cache, pool.v_scale, torch.float32).reshape(shape)
+    k_cache, v_cache = torch.empty_like(pool.k_cache), torch.empty_like(pool.v_cache)
+    slots = torch.arange(k.shape[0])
+    store_kv_reference(k, v, k_cache, v_cache, slots, k_scale, v_scale)
+    return k_cache, v_cache, pool.block_tables, k_scale, v_scale
+
+
+def kernel_and_reference_pools(
+    lengths: list[int],
+    kv_heads: int,
+    head_dim: int,
+    block_size: int,
+    kv_cache_dtype: str,
+    scale_shape: str,
+    **kwargs,
+) -> tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...], tuple]:
+    """(k_cache, v_cache, block_tables) for the kernel, the same for the float32 reference
+    (a bf16 pool as float32, a quantized one as stored), and the (k_scale, v_scale) both take
+    ((None, None) for bf16)."""
+    if kv_cache_dtype == "auto":
+        k_cache, v_cache, tables = bf16_pool(lengths, kv_heads, head_dim, block_size, **kwargs)
+        return (k_cache, v_cache, tables), (*as_float(k_cache, v_cache), tables), (None, None)
+    *pool, k_scale, v_scale = quantized_pool(
+        lengths, kv_heads, head_dim, block_size, kv_cache_dtype, scale_shape, **kwargs
+    )
+    return tuple(pool), tuple(pool), (k_scale, v_scale)
 
 
 def fused_qkv(
@@ -68,6 +136,8 @@ def check_prefill(
     block_size: int,
     scale: float | None = None,
     last_dim_strided: bool = False,
+    kv_cache_dtype: str = "auto",
+    scale_shape: str = "channel",
     **pool_kwargs,
 ) -> None:
     kv_heads = KV_HEADS_FOR_GROUP[group]
@@ -75,14 +145,14 @@ def check_prefill(
     q, k, v, starts = fused_qkv(new, heads, kv_heads, head_dim)
     if last_dim_strided:  # same values, head_dim no longer the contiguous axis
         q = q.transpose(1, 2).contiguous().transpose(1, 2)
-    k_cache, v_cache, tables = bf16_pool(contexts, kv_heads, head_dim, block_size, **pool_kwargs)
+    pool, ref_pool, kv_scales = kernel_and_reference_pools(
+        contexts, kv_heads, head_dim, block_size, kv_cache_dtype, scale_shape, **pool_kwargs
+    )
     context_lens = torch.tensor(contexts, dtype=torch.int32)
     scale = head_dim**-0.5 if scale is None else scale
-    got = paged_prefill_attention_cpu(
-        q, k, v, k_cache, v_cache, tables, starts, context_lens, scale
-    )
+    got = paged_prefill_attention_cpu(q, k, v, *pool, starts, context_lens, scale, *kv_scales)
     expected = paged_prefill_attention_reference(
-        *as_float(q, k, v, k_cache, v_cache), tables, starts, context_lens, scale
+        *as_float(q, k, v), *ref_pool, starts, context_lens, scale, *kv_scales
     )
     assert got.dtype == torch.bfloat16 and got.shape == q.shape
     torch.testing.assert_close(got.float(), expected, **TOLERANCE)
@@ -141,20 +211,26 @@ def test_prefill_empty_batch() -> None:
 
 
 def check_decode(
-    lengths: list[int], group: int, head_dim: int, block_size: int, **pool_kwargs
+    lengths: list[int],
+    group: int,
+    head_dim: int,
+    block_size: int,
+    kv_cache_dtype: str = "auto",
+    scale_shape: str = "channel",
+    **pool_kwargs,
 ) -> None:
     kv_heads = KV_HEADS_FOR_GROUP[group]
     heads = kv_heads * group
-    k_cache, v_cache, tables = bf16_pool(lengths, kv_heads, head_dim, block_size, **pool_kwargs)
+    pool, ref_pool, kv_scales = kernel_and_reference_pools(
+        lengths, kv_heads, head_dim, block_size, kv_cache_dtype, scale_shape, **pool_kwargs
+    )
     generator = torch.Generator().manual_seed(3)
     qkv = torch.randn((len(lengths), heads + 2, head_dim), generator=generator).bfloat16()
     q = qkv[:, :heads]  # [num_seqs, heads, head_dim], strided
     seq_lens = torch.tensor(lengths, dtype=torch.int32)
     scale = head_dim**-0.5
-    got = paged_decode_attention_cpu(q, k_cache, v_cache, tables, seq_lens, scale)
-    expected = paged_decode_attention_reference(
-        *as_float(q, k_cache, v_cache), tables, seq_lens, scale
-    )
+    got = paged_decode_attention_cpu(q, *pool, seq_lens, scale, *kv_scales)
+    expected = paged_decode_attention_reference(q.float(), *ref_pool, seq_lens, scale, *kv_scales)
     assert got.dtype == torch.bfloat16 and got.shape == q.shape
     torch.testing.assert_close(got.float(), expected, **TOLERANCE)
 
@@ -171,6 +247,102 @@ def test_decode_many_sequences(threads: int) -> None:
     # enough sequences for one work item per sequence covering all kv heads
     lengths = [1, 16, 19, 150, 67, 5, 33, 100, 2, 64, 300, 7]
     check_decode(lengths, 3, 64, 16)
+
+
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("group", [1, 3])
+@pytest.mark.parametrize("block_size", [16, 32])
+@pytest.mark.parametrize("scale_shape", SCALE_SHAPES)
+@pytest.mark.parametrize("kv_cache_dtype", ["int8", "fp8"])
+def test_quantized_prefill_matches_reference(
+    kv_cache_dtype: str, scale_shape: str, block_size: int, group: int, head_dim: int
+) -> None:
+    # as test_prefill_matches_reference: per-item packing (1 token) and the packing pre-pass,
+    # contexts that end inside a block, a long chunk whose keys are part pool, part new k/v
+    contexts = [0, block_size + 5, 2 * block_size, 37]
+    new = [1, 7, 20, 70]
+    check_prefill(
+        contexts, new, group, head_dim, block_size, kv_cache_dtype=kv_cache_dtype,
+        scale_shape=scale_shape, num_blocks=64, top_of_pool=True,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("group", [1, 3])
+@pytest.mark.parametrize("block_size", [16, 32])
+@pytest.mark.parametrize("scale_shape", SCALE_SHAPES)
+@pytest.mark.parametrize("kv_cache_dtype", ["int8", "fp8"])
+def test_quantized_decode_matches_reference(
+    kv_cache_dtype: str, scale_shape: str, block_size: int, group: int, head_dim: int
+) -> None:
+    lengths = [1, block_size, block_size + 3, 150, 67]
+    check_decode(
+        lengths, group, head_dim, block_size, kv_cache_dtype=kv_cache_dtype,
+        scale_shape=scale_shape, num_blocks=64, top_of_pool=True,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("kv_cache_dtype", ["int8", "fp8"])
+def test_quantized_decode_many_sequences(kv_cache_dtype: str, threads: int) -> None:
+    lengths = [1, 16, 19, 150, 67, 5, 33, 100, 2, 64, 300, 7]
+    check_decode(lengths, 3, 64, 16, kv_cache_dtype=kv_cache_dtype)
+
+
+@pytest.mark.parametrize("kv_cache_dtype", ["int8", "fp8"])
+def test_quantized_prefill_threads(kv_cache_dtype: str, threads: int) -> None:
+    # short chunks packed per item, then a long one packed in the pre-pass, over contexts
+    check_prefill([30, 17, 0, 50], [2, 1, 2, 1], 3, 64, 16, kv_cache_dtype=kv_cache_dtype)
+    check_prefill([100, 0], [150, 90], 3, 64, 16, kv_cache_dtype=kv_cache_dtype)
+
+
+@pytest.mark.parametrize("kv_cache_dtype", ["int8", "fp8"])
+def test_quantized_values_are_read_exactly(kv_cache_dtype: str) -> None:
+    """Over one cached token the softmax puts all the weight on it (1 up to float32 rounding,
+    far below bf16's), so decode returns that token's value row, which must be
+    dequantize(stored, v_scale, bfloat16) bit for bit: here for every byte pattern (int8
+    -128..127; fp8 zeros, subnormals, normals up to +-448, NaNs)."""
+    dtype = QUANTIZED[kv_cache_dtype]
+    raw = torch.zeros((2, 16, 2, 128), dtype=torch.uint8)  # [blocks, block_size, kv, dim]
+    raw[1, 0] = torch.arange(256, dtype=torch.uint8).reshape(2, 128)
+    k_cache, v_cache = torch.zeros_like(raw).view(dtype), raw.view(dtype)
+    generator = torch.Generator().manual_seed(5)
+    k_scale, v_scale = torch.rand((2, 2, 128), generator=generator) * 0.1 + 1e-3
+    q = torch.randn((1, 6, 128), generator=generator).bfloat16()  # group 3
+    tables, seq_lens = torch.tensor([[1]], dtype=torch.int32), torch.tensor([1], dtype=torch.int32)
+    out = paged_decode_attention_cpu(q, k_cache, v_cache, tables, seq_lens, 0.1, k_scale, v_scale)
+    expected = dequantize(v_cache[1, 0], v_scale, torch.bfloat16)  # [kv_heads, head_dim]
+    expected = expected.repeat_interleave(3, dim=0)  # query head h reads kv head h // 3
+    assert bool(expected.isnan().any()) == (kv_cache_dtype == "fp8")
+    torch.testing.assert_close(out[0], expected, rtol=0, atol=0, equal_nan=True)
+
+
+@pytest.mark.parametrize("kv_cache_dtype", ["int8", "fp8"])
+def test_quantized_pool_without_scales_is_rejected(kv_cache_dtype: str) -> None:
+    k_cache, v_cache, tables, k_scale, v_scale = quantized_pool(
+        [20], 1, 64, 16, kv_cache_dtype, "channel", num_blocks=8
+    )
+    q = torch.zeros((1, 3, 64), dtype=torch.bfloat16)
+    kv = torch.zeros((1, 1, 64), dtype=torch.bfloat16)
+    starts, lens = torch.tensor([0, 1], dtype=torch.int32), torch.tensor([20], dtype=torch.int32)
+    for scales in [(None, None), (k_scale, None), (None, v_scale)]:
+        with pytest.raises(ValueError, match="needs k_scale and v_scale"):
+            paged_decode_attention_cpu(q, k_cache, v_cache, tables, lens, 0.125, *scales)
+        with pytest.raises(ValueError, match="needs k_scale and v_scale"):
+            paged_prefill_attention_cpu(
+                q, kv, kv, k_cache, v_cache, tables, starts, lens, 0.125, *scales
+            )
+    with pytest.raises(ValueError, match="v_scale has shape"):  # [head_dim]: not a scale shape
+        paged_decode_attention_cpu(q, k_cache, v_cache, tables, lens, 0.125, k_scale, v_scale[0])
+
+
+def test_bf16_pool_with_scales_is_rejected() -> None:
+    k_cache, v_cache, tables = bf16_pool([20], 1, 64, 16, num_blocks=8)
+    q = torch.zeros((1, 3, 64), dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="takes no"):
+        paged_decode_attention_cpu(
+            q, k_cache, v_cache, tables, torch.tensor([20], dtype=torch.int32), 0.125,
+            torch.ones(()), torch.ones(()),
+        )  # fmt: skip
 
 
 def test_decode_zero_length_sequence_gives_zeros() -> None:
@@ -201,15 +373,49 @@ def test_bad_block_table_raises() -> None:
         )
 
 
-def test_supports_predicate() -> None:
+SUPPORTED = [  # (q dtype, pool dtype, scale shape or None, supported) for 2 kv heads of 64
+    (torch.bfloat16, torch.bfloat16, None, True),
+    (torch.bfloat16, torch.bfloat16, (), False),  # a bf16 pool takes no scale
+    (torch.bfloat16, torch.int8, (2, 64), True),
+    (torch.bfloat16, torch.int8, (2,), True),
+    (torch.bfloat16, torch.int8, (), True),
+    (torch.bfloat16, torch.int8, None, False),  # a quantized pool needs one
+    (torch.bfloat16, torch.int8, (64,), False),  # [head_dim]: not a scale shape
+    (torch.bfloat16, FP8_DTYPE, (2, 64), True),
+    (torch.bfloat16, FP8_DTYPE, (2,), True),
+    (torch.bfloat16, FP8_DTYPE, (), True),
+    (torch.bfloat16, FP8_DTYPE, None, False),
+    (torch.float32, torch.int8, (2, 64), False),  # queries must be bf16
+    (torch.float32, FP8_DTYPE, (), False),
+    (torch.float32, torch.bfloat16, None, False),
+    (torch.float32, torch.float32, None, False),
+    (torch.bfloat16, torch.float16, None, False),
+    (torch.bfloat16, torch.float32, None, False),
+    (torch.bfloat16, torch.float8_e5m2, (2, 64), False),
+    (torch.bfloat16, torch.uint8, (2, 64), False),
+]
+
+
+@pytest.mark.parametrize(("q_dtype", "pool_dtype", "scale_shape", "supported"), SUPPORTED)
+def test_supports_truth_table(
+    q_dtype: torch.dtype, pool_dtype: torch.dtype, scale_shape: tuple | None, supported: bool
+) -> None:
+    q = torch.zeros((2, 6, 64), dtype=q_dtype)
+    cache = torch.zeros((4, 16, 2, 64)).to(pool_dtype)
+    scale = None if scale_shape is None else torch.ones(scale_shape)
+    assert cpu_kernel_supports(q, cache, scale) is supported
+
+
+@pytest.mark.parametrize("pool_dtype", [torch.bfloat16, torch.int8, FP8_DTYPE])
+def test_supports_predicate_shapes(pool_dtype: torch.dtype) -> None:
     q = torch.zeros((2, 6, 64), dtype=torch.bfloat16)
-    cache = torch.zeros((4, 16, 2, 64), dtype=torch.bfloat16)
-    assert cpu_kernel_supports(q, cache, None)
-    assert not cpu_kernel_supports(q.float(), cache, None)
-    assert not cpu_kernel_supports(q, cache.to(torch.float8_e4m3fn), torch.ones(()))
-    assert not cpu_kernel_supports(q, cache, torch.ones(()))
-    assert not cpu_kernel_supports(q[..., :48], cache[..., :48], None)  # head_dim 48
-    assert not cpu_kernel_supports(q[:, :5], cache, None)  # 5 heads over 2 kv heads
+    cache = torch.zeros((4, 16, 2, 64)).to(pool_dtype)
+    scale = None if pool_dtype is torch.bfloat16 else torch.ones((2, 64))
+    narrow = None if scale is None else scale[:, :48]
+    assert cpu_kernel_supports(q, cache, scale)
+    assert not cpu_kernel_supports(q[..., :48], cache[..., :48], narrow)  # head_dim 48
+    assert not cpu_kernel_supports(q[:, :5], cache, scale)  # 5 heads over 2 kv heads
+    assert not cpu_kernel_supports(q, cache.transpose(0, 1), scale)  # not contiguous
 
 
 def test_disabled_by_environment(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -82,11 +82,11 @@ def test_unknown_backend_is_rejected() -> None:
     [
         (torch.bfloat16, "auto", "auto", True),
         (torch.float32, "auto", "auto", False),  # fp32: the reference
-        (torch.bfloat16, "int8", "auto", False),  # quantized pool: the reference
+        (torch.bfloat16, "int8", "auto", True),  # quantized pool: dequantized while packing
         (torch.bfloat16, "auto", "reference", False),  # forced
     ],
 )
-def test_cpu_attention_picks_the_compiled_kernel_for_bf16_pools(
+def test_cpu_attention_picks_the_compiled_kernel_for_bf16_queries(
     monkeypatch: pytest.MonkeyPatch, dtype, kv_cache_dtype: str, backend: str, compiled: bool
 ) -> None:
     package = dispatch.cpu_kernels()
