@@ -98,23 +98,32 @@ def quantized_pool(
     return quantize(k_cache, k_scale, dtype), quantize(v_cache, v_scale, dtype), k_scale, v_scale
 
 
-def with_quantized_pools(
-    case: dict[str, Any],
+def kernel_case(
+    name: str,
+    pairs: int,
+    sdpa: Callable[[], Any],
     kernel: Callable[..., Any],
     reference: Callable[..., Any],
     args: tuple,
     pool_at: int,
 ) -> dict[str, Any]:
-    """Adds ``kernel_<q>`` / ``reference_<q>`` variants and checks to ``case`` for each
-    quantized pool dtype: ``args`` are the bf16 call's, with k_cache, v_cache at ``pool_at``
-    and ``pool_at + 1``; the quantized calls append k_scale, v_scale."""
+    """One benchmark case: ``kernel`` and ``reference`` on the bf16 pool, ``sdpa`` on dense
+    tensors, then ``kernel_<q>`` / ``reference_<q>`` for each quantized pool dtype, with a
+    kernel-vs-reference check per pool. ``args`` are the bf16 call's, with k_cache, v_cache
+    at ``pool_at`` and ``pool_at + 1``; the quantized calls append k_scale, v_scale."""
+    variants: dict[str, Callable[[], Any]] = {
+        "kernel": lambda: kernel(*args),
+        "reference": lambda: reference(*args),
+        "sdpa": sdpa,
+    }
+    checks = {"bf16": (variants["kernel"], variants["reference"])}
     for suffix, dtype in QUANTIZED.items():
         k_cache, v_cache, k_scale, v_scale = quantized_pool(*args[pool_at : pool_at + 2], dtype)
         quant = (*args[:pool_at], k_cache, v_cache, *args[pool_at + 2 :], k_scale, v_scale)
-        case["variants"][f"kernel_{suffix}"] = lambda a=quant: kernel(*a)
-        case["variants"][f"reference_{suffix}"] = lambda a=quant: reference(*a)
-        case["checks"][suffix] = (lambda a=quant: kernel(*a), lambda a=quant: reference(*a))
-    return case
+        variants[f"kernel_{suffix}"] = lambda a=quant: kernel(*a)
+        variants[f"reference_{suffix}"] = lambda a=quant: reference(*a)
+        checks[suffix] = (variants[f"kernel_{suffix}"], variants[f"reference_{suffix}"])
+    return {"name": name, "pairs": pairs, "variants": variants, "checks": checks}
 
 
 def fused_qkv(tokens: int, generator: torch.Generator) -> tuple[torch.Tensor, ...]:
@@ -144,23 +153,15 @@ def cold_prefill(generator: torch.Generator) -> dict[str, Any]:
     q4 = q.transpose(0, 1)[None].contiguous()  # [1, heads, T, dim]
     k4 = k.repeat_interleave(GROUP, 1).transpose(0, 1)[None].contiguous()
     v4 = v.repeat_interleave(GROUP, 1).transpose(0, 1)[None].contiguous()
-    case = {
-        "name": "cold prefill (1637 new tokens, causal)",
-        "pairs": tokens * (tokens + 1) // 2,
-        "variants": {
-            "kernel": lambda: paged_prefill_attention_cpu(*args),
-            "reference": lambda: paged_prefill_attention_reference(*args),
-            "sdpa": lambda: F.scaled_dot_product_attention(q4, k4, v4, is_causal=True, scale=SCALE),
-        },
-        "checks": {
-            "bf16": (
-                lambda: paged_prefill_attention_cpu(*args),
-                lambda: paged_prefill_attention_reference(*args),
-            )
-        },
-    }
-    kernel, reference = paged_prefill_attention_cpu, paged_prefill_attention_reference
-    return with_quantized_pools(case, kernel, reference, args, 3)
+    return kernel_case(
+        "cold prefill (1637 new tokens, causal)",
+        tokens * (tokens + 1) // 2,
+        lambda: F.scaled_dot_product_attention(q4, k4, v4, is_causal=True, scale=SCALE),
+        paged_prefill_attention_cpu,
+        paged_prefill_attention_reference,
+        args,
+        3,
+    )
 
 
 def warm_prefill(generator: torch.Generator) -> dict[str, Any]:
@@ -177,23 +178,15 @@ def warm_prefill(generator: torch.Generator) -> dict[str, Any]:
     rows = torch.arange(new).repeat_interleave(GROUP)[:, None] + context
     mask = torch.zeros(new * GROUP, context + new, dtype=torch.bfloat16)
     mask.masked_fill_(torch.arange(context + new)[None, :] > rows, float("-inf"))
-    case = {
-        "name": "warm prefill (64 new over 1637 cached)",
-        "pairs": new * context + new * (new + 1) // 2,
-        "variants": {
-            "kernel": lambda: paged_prefill_attention_cpu(*args),
-            "reference": lambda: paged_prefill_attention_reference(*args),
-            "sdpa": lambda: folded_sdpa(folded, keys, values, mask),
-        },
-        "checks": {
-            "bf16": (
-                lambda: paged_prefill_attention_cpu(*args),
-                lambda: paged_prefill_attention_reference(*args),
-            )
-        },
-    }
-    kernel, reference = paged_prefill_attention_cpu, paged_prefill_attention_reference
-    return with_quantized_pools(case, kernel, reference, args, 3)
+    return kernel_case(
+        "warm prefill (64 new over 1637 cached)",
+        new * context + new * (new + 1) // 2,
+        lambda: folded_sdpa(folded, keys, values, mask),
+        paged_prefill_attention_cpu,
+        paged_prefill_attention_reference,
+        args,
+        3,
+    )
 
 
 def batched_decode(generator: torch.Generator) -> dict[str, Any]:
@@ -207,25 +200,16 @@ def batched_decode(generator: torch.Generator) -> dict[str, Any]:
     visible = torch.arange(dense_k.shape[2])[None, :] < lengths[:, None]
     mask = torch.zeros(visible.shape, dtype=torch.bfloat16).masked_fill_(~visible, float("-inf"))
     mask = mask[:, None, None, :]  # [seqs, 1, 1, max_len]
-    case = {
-        "name": "batched decode (32 seqs x 300-400 cached)",
-        "pairs": int(lengths.sum()),
-        "variants": {
-            "kernel": lambda: paged_decode_attention_cpu(*args),
-            "reference": lambda: paged_decode_attention_reference(*args),
-            "sdpa": lambda: F.scaled_dot_product_attention(
-                grouped, dense_k, dense_v, attn_mask=mask, scale=SCALE
-            ),
-        },
-        "checks": {
-            "bf16": (
-                lambda: paged_decode_attention_cpu(*args),
-                lambda: paged_decode_attention_reference(*args),
-            )
-        },
-    }
-    kernel, reference = paged_decode_attention_cpu, paged_decode_attention_reference
-    return with_quantized_pools(case, kernel, reference, args, 1)
+    sdpa_kwargs = {"attn_mask": mask, "scale": SCALE}
+    return kernel_case(
+        "batched decode (32 seqs x 300-400 cached)",
+        int(lengths.sum()),
+        lambda: F.scaled_dot_product_attention(grouped, dense_k, dense_v, **sdpa_kwargs),
+        paged_decode_attention_cpu,
+        paged_decode_attention_reference,
+        args,
+        1,
+    )
 
 
 def time_interleaved(variants: dict[str, Callable[[], Any]], repeats: int) -> dict[str, float]:

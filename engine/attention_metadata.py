@@ -52,22 +52,29 @@ def build_attention_metadata(out: SchedulerOutput, block_size: int) -> Attention
         if seq.samples:
             sample_rows.append(row - 1)
     starts = np.cumsum([0] + [seq.num_new_tokens for seq in out.prefills])
+    decode_tables = _block_tables(out.decodes)
+    decode_lens = torch.tensor([s.context_len + 1 for s in out.decodes], dtype=torch.int32)
     sampled = [seq for seq in out.decodes + out.prefills if seq.samples]
+    if sampled == out.decodes:  # every sequence decodes and samples: the same tables
+        sample_tables, sample_lens = decode_tables, decode_lens
+    else:
+        sample_tables = _block_tables(sampled)
+        sample_lens = torch.tensor(
+            [s.context_len + s.num_new_tokens for s in sampled], dtype=torch.int32
+        )
     return AttentionMetadata(
         input_ids=torch.from_numpy(np.concatenate(ids).astype(np.int64)),
         positions=torch.from_numpy(np.concatenate(positions)),
         slot_mapping=torch.from_numpy(np.concatenate(slots)),
         num_decode_tokens=len(out.decodes),
-        decode_block_tables=_block_tables(out.decodes),
-        decode_seq_lens=torch.tensor([s.context_len + 1 for s in out.decodes], dtype=torch.int32),
+        decode_block_tables=decode_tables,
+        decode_seq_lens=decode_lens,
         prefill_block_tables=_block_tables(out.prefills),
         prefill_query_start_loc=torch.from_numpy(starts.astype(np.int32)),
         prefill_context_lens=torch.tensor([s.context_len for s in out.prefills], dtype=torch.int32),
         sample_rows=torch.tensor(sample_rows, dtype=torch.int64),
-        sample_block_tables=_block_tables(sampled),
-        sample_seq_lens=torch.tensor(
-            [s.context_len + s.num_new_tokens for s in sampled], dtype=torch.int32
-        ),
+        sample_block_tables=sample_tables,
+        sample_seq_lens=sample_lens,
     )
 
 

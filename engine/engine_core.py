@@ -115,12 +115,15 @@ class EngineCore:
             logits = self.runner.execute(out)  # [num_sampled, vocab]
             self.scheduler.commit_step(out)
             now = time.perf_counter()
-            sampled = [seq for seq in out.sequences if seq.samples]
-            # One argmax over the batch instead of one per row: [num_sampled] token ids.
-            greedy = logits.argmax(dim=-1).tolist() if logits.shape[0] else []
-            for row, seq in enumerate(sampled):
-                group = self._by_request[seq.request]
-                self._advance(group, seq.request, logits[row], greedy[row], now)
+            sampled = [seq.request for seq in out.sequences if seq.samples]
+            groups = [self._by_request[request] for request in sampled]
+            # One argmax over the batch instead of one per greedy row: [num_sampled] token ids.
+            if any(group.params.greedy for group in groups):
+                greedy = logits.argmax(dim=-1).tolist()
+            else:
+                greedy = [-1] * len(groups)  # unused: every row samples
+            for row, (request, group) in enumerate(zip(sampled, groups, strict=True)):
+                self._advance(group, request, logits[row], greedy[row], now)
                 touched[group.request_id] = group
         return [self._snapshot(group) for group in touched.values()]
 

@@ -30,6 +30,10 @@ def build_tokenizer(vocab_size: int = 320) -> Tokenizer:
     return tokenizer
 
 
+# GQA 6/2 with head_dim 64: a shape the compiled CPU attention kernel takes in bf16.
+HEAD_DIM_64 = {"hidden_size": 384, "num_attention_heads": 6, "num_key_value_heads": 2}
+
+
 def make_tiny_model_dir(folder: Path, architecture: str = "llama", seed: int = 0,
                         **overrides: int) -> Path:
     """Write a random 2-layer model (GQA 4/2 heads, head_dim 16 unless ``overrides`` change

@@ -116,7 +116,7 @@ class CausalLM(nn.Module):
         the embedding) for oneDNN: same results, faster GEMMs. Returns how many were packed."""
         if self.device.type != "cpu" or not weight_packing_available():
             return 0
-        if self.lm_head is None and self.dtype in PACKABLE_DTYPES:
+        tied = self.lm_head is None and self.dtype in PACKABLE_DTYPES
+        if tied:
             self.lm_head = PackedLinear(self.embed_tokens.weight, None)
-            return 1 + pack_linear_layers(self)
-        return pack_linear_layers(self)
+        return int(tied) + pack_linear_layers(self)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from tiny_model_factory import make_tiny_model_dir
+from tiny_model_factory import HEAD_DIM_64, make_tiny_model_dir
 
 
 @pytest.fixture(scope="session")
@@ -20,8 +20,4 @@ def tiny_qwen2_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def tiny_llama_hd64_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """GQA 6/2 with head_dim 64: a shape the compiled CPU attention kernel takes in bf16."""
-    return make_tiny_model_dir(
-        tmp_path_factory.mktemp("tiny-llama-hd64"), "llama",
-        hidden_size=384, num_attention_heads=6, num_key_value_heads=2,
-    )
+    return make_tiny_model_dir(tmp_path_factory.mktemp("tiny-llama-hd64"), "llama", **HEAD_DIM_64)

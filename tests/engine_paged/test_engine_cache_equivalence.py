@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from cpu_kernel_calls import record_cpu_kernel_calls
 
 from prefixcache.engine.llm import LLM
 from prefixcache.engine.sampling_params import SamplingParams
@@ -58,13 +59,7 @@ def test_cached_equals_uncached_bf16_cpu_kernel(
 ) -> None:
     """bf16 with head_dim 64 runs the compiled CPU attention kernel where the CPU has it (the
     reference elsewhere): prefix hits, chunked prefill and decode still equal no reuse."""
-    calls: list[str] = []
-    package = cpu_kernels()
-    for name in ("paged_prefill_attention_cpu", "paged_decode_attention_cpu"):
-        original = getattr(package, name)
-        monkeypatch.setattr(
-            package, name, lambda *a, _o=original, _n=name, **k: calls.append(_n) or _o(*a, **k)
-        )
+    calls = record_cpu_kernel_calls(monkeypatch)
     prompts = shared_prefix_prompts()
     kwargs = dict(dtype="bfloat16", num_blocks=64, block_size=block_size)
     expected, _ = run_engine(tiny_llama_hd64_dir, prompts, enable_prefix_caching=False, **kwargs)
@@ -72,7 +67,7 @@ def test_cached_equals_uncached_bf16_cpu_kernel(
     assert got == expected
     assert llm.stats()["hit_tokens"] >= 4 * (37 // block_size) * block_size
     assert_idle_and_consistent(llm)
-    if package.cpu_attention_available():
+    if cpu_kernels().cpu_attention_available():
         assert {"paged_prefill_attention_cpu", "paged_decode_attention_cpu"} <= set(calls)
 
 

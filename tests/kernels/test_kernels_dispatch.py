@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from cpu_kernel_calls import record_cpu_kernel_calls
 from paged_kernel_inputs import make_pool, varlen_queries
 
 import prefixcache.kernels as kernels
@@ -89,15 +90,9 @@ def test_unknown_backend_is_rejected() -> None:
 def test_cpu_attention_picks_the_compiled_kernel_for_bf16_queries(
     monkeypatch: pytest.MonkeyPatch, dtype, kv_cache_dtype: str, backend: str, compiled: bool
 ) -> None:
-    package = dispatch.cpu_kernels()
-    if compiled and not package.cpu_attention_available():
+    if compiled and not dispatch.cpu_kernels().cpu_attention_available():
         pytest.skip("the compiled CPU kernel is unavailable on this machine")
-    calls: list[str] = []
-    for name in ("paged_prefill_attention_cpu", "paged_decode_attention_cpu"):
-        original = getattr(package, name)
-        monkeypatch.setattr(
-            package, name, lambda *a, _o=original, _n=name, **k: calls.append(_n) or _o(*a, **k)
-        )
+    calls = record_cpu_kernel_calls(monkeypatch)
     pool = make_pool([20, 3], 2, 64, 16, num_blocks=16, kv_cache_dtype=kv_cache_dtype)
     if kv_cache_dtype == "auto":
         pool.k_cache, pool.v_cache = pool.k_cache.to(dtype), pool.v_cache.to(dtype)

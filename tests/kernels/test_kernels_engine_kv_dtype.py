@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from tiny_model_factory import make_tiny_model_dir
+from cpu_kernel_calls import record_cpu_kernel_calls
+from tiny_model_factory import HEAD_DIM_64, make_tiny_model_dir
 
 from prefixcache.engine.llm import LLM
 from prefixcache.engine.sampling_params import SamplingParams
@@ -92,13 +93,9 @@ def test_compiled_cpu_kernel_reads_quantized_pools_like_the_reference(
     over cached blocks, and decode-style attention for the sampled rows of the last layer);
     each prompt's logits match the reference backend's to bf16 rounding. Measured: at most
     2.4% of the largest logit (a bf16 pool differs by up to 1.4% between the two paths)."""
-    package = cpu_kernels()
-    if not package.cpu_attention_available():
+    if not cpu_kernels().cpu_attention_available():
         pytest.skip("the compiled CPU kernel is unavailable on this machine")
-    folder = make_tiny_model_dir(
-        tmp_path_factory.mktemp("tiny-hd64-kv"), "llama",
-        hidden_size=384, num_attention_heads=6, num_key_value_heads=2,
-    )
+    folder = make_tiny_model_dir(tmp_path_factory.mktemp("tiny-hd64-kv"), "llama", **HEAD_DIM_64)
     first_token = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
 
     def prompt_logits(llm: LLM) -> list[torch.Tensor]:  # each [1, vocab]
@@ -110,12 +107,7 @@ def test_compiled_cpu_kernel_reads_quantized_pools_like_the_reference(
         return recorded
 
     kwargs = dict(dtype="bfloat16", num_blocks=64, kv_cache_dtype=kv_cache_dtype)
-    calls: list[str] = []
-    for name in ("paged_prefill_attention_cpu", "paged_decode_attention_cpu"):
-        original = getattr(package, name)
-        monkeypatch.setattr(
-            package, name, lambda *a, _o=original, _n=name, **k: calls.append(_n) or _o(*a, **k)
-        )
+    calls = record_cpu_kernel_calls(monkeypatch)
     compiled = prompt_logits(LLM(str(folder), **kwargs))
     with kernel_backend("reference"):
         reference = prompt_logits(LLM(str(folder), **kwargs))
