@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from cpu_kernel_calls import record_cpu_kernel_calls
+from kernel_calls import record_cpu_kernel_calls
 
 from prefixcache.engine.llm import LLM
 from prefixcache.engine.sampling_params import SamplingParams

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from cpu_kernel_calls import record_cpu_kernel_calls
+from kernel_calls import record_calls, record_cpu_kernel_calls
 from paged_kernel_inputs import make_pool, varlen_queries
 
 import prefixcache.kernels as kernels
@@ -22,17 +22,7 @@ KERNEL_NAMES = (
 @pytest.fixture
 def triton_calls(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """Record every call that dispatch routes to a Triton kernel."""
-    package = dispatch.triton_kernels()
-    calls: list[str] = []
-    for name in KERNEL_NAMES:
-        original = getattr(package, name)
-
-        def spy(*args, _name=name, _original=original, **kwargs):
-            calls.append(_name)
-            return _original(*args, **kwargs)
-
-        monkeypatch.setattr(package, name, spy)
-    return calls
+    return record_calls(monkeypatch, dispatch.triton_kernels(), KERNEL_NAMES)
 
 
 def run_all_kernels(kv_cache_dtype: str) -> list[torch.Tensor]:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from cpu_kernel_calls import record_cpu_kernel_calls
+from kernel_calls import record_cpu_kernel_calls
 from tiny_model_factory import HEAD_DIM_64, make_tiny_model_dir
 
 from prefixcache.engine.llm import LLM
