@@ -1,10 +1,13 @@
-"""Paged-attention kernels with pure-torch references of the same signatures.
+"""Paged-attention kernels and the decoder's elementwise ops, with pure-torch references of
+the same signatures.
 
 Dispatch (see ``prefixcache.kernels.dispatch``) picks the Triton kernel for CUDA tensors, the
 compiled CPU attention kernel (``prefixcache.kernels.cpu``: AVX-512 BF16, bf16 queries over
 bf16, int8 or fp8 pools) where it applies on CPU, and the pure-torch reference elsewhere.
 Pools may be quantized (fp8 e4m3 or int8, scaled, see ``prefixcache.kernels.quantization``):
-``store_kv`` quantizes, attention dequantizes.
+``store_kv`` quantizes, attention dequantizes. The elementwise ops (``rms_norm``,
+``add_rms_norm_``, ``apply_rotary_``, ``silu_and_mul``, see ``prefixcache.kernels.model_ops``)
+run compiled on bf16 CPU tensors, in torch elsewhere.
 Never imports the engine or the integrations.
 """
 
@@ -20,6 +23,13 @@ from prefixcache.kernels.dispatch import (
     triton_kernels,
     uses_cpu_kernel,
     uses_triton,
+)
+from prefixcache.kernels.model_ops import (
+    add_rms_norm_,
+    apply_rotary_,
+    rms_norm,
+    silu_and_mul,
+    uses_cpu_model_ops,
 )
 from prefixcache.kernels.quantization import KV_CACHE_DTYPES, kv_storage_dtype
 from prefixcache.kernels.reference.kv_store import copy_blocks_reference, store_kv_reference
@@ -39,7 +49,12 @@ def store_kv(
     v_scale: torch.Tensor | None = None,
 ) -> None:
     """Write (and for fp8/int8 pools quantize) new k/v into their slots."""
-    impl = triton_kernels().store_kv_triton if uses_triton(k_cache) else store_kv_reference
+    if uses_triton(k_cache):
+        impl = triton_kernels().store_kv_triton
+    elif k_scale is None and uses_cpu_model_ops(k, v, k_cache, v_cache):
+        impl = cpu_kernels().store_kv_cpu
+    else:
+        impl = store_kv_reference
     impl(k, v, k_cache, v_cache, slot_mapping, k_scale, v_scale)
 
 
@@ -110,12 +125,16 @@ def paged_prefill_attention(
 
 __all__ = [
     "KV_CACHE_DTYPES",
+    "add_rms_norm_",
+    "apply_rotary_",
     "copy_blocks",
     "get_kernel_backend",
     "kernel_backend",
     "kv_storage_dtype",
     "paged_decode_attention",
     "paged_prefill_attention",
+    "rms_norm",
     "set_kernel_backend",
+    "silu_and_mul",
     "store_kv",
 ]

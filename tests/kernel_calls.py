@@ -9,7 +9,10 @@ import pytest
 
 from prefixcache.kernels.dispatch import cpu_kernels
 
-CPU_KERNEL_NAMES = ("paged_prefill_attention_cpu", "paged_decode_attention_cpu")
+CPU_ATTENTION_NAMES = ("paged_prefill_attention_cpu", "paged_decode_attention_cpu")
+CPU_MODEL_OP_NAMES = (
+    "rms_norm_cpu", "add_rms_norm_cpu_", "apply_rotary_cpu_", "silu_and_mul_cpu", "store_kv_cpu",
+)  # fmt: skip
 
 
 def record_calls(
@@ -30,5 +33,5 @@ def record_calls(
 
 
 def record_cpu_kernel_calls(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """``record_calls`` on the compiled CPU attention kernels."""
-    return record_calls(monkeypatch, cpu_kernels(), CPU_KERNEL_NAMES)
+    """``record_calls`` on the compiled CPU kernels (attention and the elementwise ops)."""
+    return record_calls(monkeypatch, cpu_kernels(), CPU_ATTENTION_NAMES + CPU_MODEL_OP_NAMES)

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
+from prefixcache.kernels import apply_rotary_
+
 from .attention_fn import AttentionFn
-from .rope import RotaryEmbedding
 
 
 class AttentionProjection(nn.Module):
@@ -27,18 +28,19 @@ class AttentionProjection(nn.Module):
         self.qkv_proj = nn.Linear(hidden_size, qkv_out, bias=bias)
         self.o_proj = nn.Linear(num_heads * head_dim, hidden_size, bias=False)
 
-    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, attention: AttentionFn,
+    def forward(self, x: Tensor, cos_sin: Tensor, attention: AttentionFn,
                 output_rows: Tensor | None = None) -> Tensor:
-        """`x` `[num_tokens, hidden]`, `cos`/`sin` `[num_tokens, 1, head_dim]` -> `[num_tokens,
-        hidden]`, or `[len(output_rows), hidden]`: keys and values of every token still reach
-        the attention (and its cache), queries only for `output_rows`."""
+        """`x` `[num_tokens, hidden]`, `cos_sin` `[num_tokens, 2, head_dim]` (each token's RoPE
+        cos row, then sin row) -> `[num_tokens, hidden]`, or `[len(output_rows), hidden]`: keys
+        and values of every token still reach the attention (and its cache), queries only for
+        `output_rows`."""
         num_tokens = x.shape[0]
         qkv = self.qkv_proj(x).view(num_tokens, -1, self.head_dim)  # [T, H + 2 * KV, D]
         num_rotated = self.num_heads + self.num_kv_heads
-        # One RoPE op over the query and key heads together.
-        qk = RotaryEmbedding.apply(qkv[:, :num_rotated], cos, sin)  # [T, H + KV, D]
-        q = qk[:, : self.num_heads]  # [T, H, D]
-        k = qk[:, self.num_heads :]  # [T, KV, D]
+        # One in-place RoPE op over the query and key heads together.
+        apply_rotary_(qkv[:, :num_rotated], cos_sin)
+        q = qkv[:, : self.num_heads]  # [T, H, D]
+        k = qkv[:, self.num_heads : num_rotated]  # [T, KV, D]
         v = qkv[:, num_rotated:]  # [T, KV, D]
         if output_rows is None:
             out = attention(self.layer_idx, q, k, v)  # [T, H, D]

@@ -24,7 +24,13 @@ _INITIAL_ROPE_POSITIONS = 16384
 
 
 class DecoderLayer(nn.Module):
-    """Pre-norm block: `h += attn(norm(h)); h += mlp(norm(h))`."""
+    """Pre-norm block: `residual += attn(norm(residual)); residual += mlp(norm(residual))`.
+
+    The residual stream is carried beside the block's output, and each residual add happens
+    inside the next norm (`RMSNorm.add_and_norm_`): the layer takes the previous block's output
+    `delta` and the stream `residual` (None for the first layer, whose input is the embedding)
+    and returns its MLP output with the stream before that output is added.
+    """
 
     def __init__(self, config: ModelConfig, layer_idx: int) -> None:
         super().__init__()
@@ -36,15 +42,21 @@ class DecoderLayer(nn.Module):
         self.post_attention_norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = SwiGLUMLP(config.hidden_size, config.intermediate_size)
 
-    def forward(self, hidden: Tensor, cos: Tensor, sin: Tensor, attention: AttentionFn,
-                output_rows: Tensor | None = None) -> Tensor:
-        """`hidden` `[num_tokens, hidden]` -> `[num_tokens, hidden]`, or only `output_rows`
-        `[len(output_rows), hidden]` (every token's k/v still reaches the attention)."""
-        residual = hidden if output_rows is None else hidden.index_select(0, output_rows)
-        # The residual adds go into the fresh projection outputs (no extra allocation).
-        attended = self.attn(self.input_norm(hidden), cos, sin, attention, output_rows)
-        hidden = attended.add_(residual)
-        return self.mlp(self.post_attention_norm(hidden)).add_(hidden)
+    def forward(self, delta: Tensor, residual: Tensor | None, cos_sin: Tensor,
+                attention: AttentionFn, output_rows: Tensor | None = None,
+                ) -> tuple[Tensor, Tensor]:
+        """`delta`, `residual` `[num_tokens, hidden]` (both consumed: written in place) ->
+        `(mlp_out, residual)`, each `[num_tokens, hidden]`, or `[len(output_rows), hidden]`
+        when only those rows are asked for (every token's k/v still reaches the attention)."""
+        if residual is None:
+            residual, normed = delta, self.input_norm(delta)
+        else:
+            normed = self.input_norm.add_and_norm_(delta, residual)
+        attended = self.attn(normed, cos_sin, attention, output_rows)  # [T or R, hidden]
+        if output_rows is not None:
+            residual = residual.index_select(0, output_rows)  # [R, hidden]
+        normed = self.post_attention_norm.add_and_norm_(attended, residual)
+        return self.mlp(normed), residual
 
 
 class CausalLM(nn.Module):
@@ -98,11 +110,13 @@ class CausalLM(nn.Module):
                 f"{tuple(input_ids.shape)} and {tuple(positions.shape)}"
             )
         hidden = self.embed_tokens(input_ids)  # [T, hidden]
-        cos, sin = self.rotary.cos_sin(positions, hidden.dtype)  # [T, 1, head_dim] each
+        cos_sin = self.rotary.cos_sin(positions, hidden.dtype)  # [T, 2, head_dim]
+        residual: Tensor | None = None
         *body, last = self.layers
         for layer in body:
-            hidden = layer(hidden, cos, sin, attention)
-        return self.norm(last(hidden, cos, sin, attention, output_rows))
+            hidden, residual = layer(hidden, residual, cos_sin, attention)
+        hidden, residual = last(hidden, residual, cos_sin, attention, output_rows)
+        return self.norm.add_and_norm_(hidden, residual)
 
     @torch.inference_mode()
     def compute_logits(self, hidden: Tensor) -> Tensor:

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
+
+from prefixcache.kernels import silu_and_mul
 
 
 class SwiGLUMLP(nn.Module):
@@ -20,9 +21,7 @@ class SwiGLUMLP(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         """`x` `[num_tokens, hidden]` -> `[num_tokens, hidden]`."""
         gate_up = self.gate_up_proj(x)  # [num_tokens, 2 * intermediate]
-        gate, up = gate_up.split(self.intermediate_size, dim=-1)
-        activated = F.silu(gate).mul_(up)  # [num_tokens, intermediate], one allocation
-        return self.down_proj(activated)
+        return self.down_proj(silu_and_mul(gate_up))  # via [num_tokens, intermediate]
 
 
 def fuse_rows(*weights: Tensor, dtype: torch.dtype | None = None) -> Tensor:

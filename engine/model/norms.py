@@ -5,9 +5,15 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from prefixcache.kernels import add_rms_norm_, rms_norm
+
 
 class RMSNorm(nn.Module):
-    """`weight * (x / sqrt(mean(x^2) + eps))`; statistics in float32, output in x's dtype."""
+    """`weight * (x / sqrt(mean(x^2) + eps))`; statistics in float32, output in x's dtype.
+
+    `add_and_norm_` fuses the residual add that precedes every norm of a pre-norm decoder
+    (one pass over memory with the compiled CPU ops, see `prefixcache.kernels.model_ops`).
+    """
 
     def __init__(self, hidden_size: int, eps: float) -> None:
         super().__init__()
@@ -15,9 +21,10 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: Tensor) -> Tensor:
-        """`x` `[num_tokens, hidden]` -> `[num_tokens, hidden]`."""
-        input_dtype = x.dtype
-        x32 = x.to(torch.float32)
-        variance = x32.pow(2).mean(-1, keepdim=True)  # [num_tokens, 1]
-        normed = x32 * torch.rsqrt(variance + self.eps)
-        return self.weight * normed.to(input_dtype)
+        """`x` `[num_tokens, hidden]` -> a new `[num_tokens, hidden]`."""
+        return rms_norm(x, self.weight, self.eps)
+
+    def add_and_norm_(self, x: Tensor, residual: Tensor) -> Tensor:
+        """In place: `residual += x`, then `x = norm(residual)`; returns `x`. Both
+        `[num_tokens, hidden]`, not overlapping."""
+        return add_rms_norm_(x, residual, self.weight, self.eps)

@@ -41,7 +41,8 @@ def _llama3_scale(inv_freq: Tensor, scaling: RopeScaling) -> Tensor:
 
 
 class RotaryEmbedding(nn.Module):
-    """Applies RoPE to the query and key heads of a fused QKV activation.
+    """The cos/sin rows RoPE needs for given positions (``prefixcache.kernels.apply_rotary_``
+    applies them to the query and key heads of a fused QKV activation).
 
     Contract: `positions` are absolute token positions (>= 0). The cos/sin tables are computed
     in float32 exactly as transformers computes them (`position * inv_freq`), then cast to the
@@ -84,8 +85,8 @@ class RotaryEmbedding(nn.Module):
         self._num_cached = size
         self._cast_cache.clear()
 
-    def cos_sin(self, positions: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
-        """Gather `(cos, sin)`, each `[num_tokens, 1, head_dim]` in `dtype`, for `positions`."""
+    def cos_sin(self, positions: Tensor, dtype: torch.dtype) -> Tensor:
+        """Gather each position's cos row then sin row, `[num_tokens, 2, head_dim]` in `dtype`."""
         if positions.device.type == "cpu" and positions.numel():
             # On CPU the bound check is free; accelerators rely on `reserve` (no host sync).
             self.reserve(int(positions.max()) + 1)
@@ -94,13 +95,4 @@ class RotaryEmbedding(nn.Module):
         if table is None:
             table = self._cos_sin_f32.to(device=positions.device, dtype=dtype)
             self._cast_cache[key] = table
-        rows = table.index_select(0, positions)  # [num_tokens, 2, head_dim]
-        return rows[:, 0:1], rows[:, 1:2]
-
-    @staticmethod
-    def apply(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-        """Rotate `x` `[num_tokens, heads, head_dim]`; `cos`/`sin` `[num_tokens, 1, head_dim]`."""
-        half = x.shape[-1] // 2
-        rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)  # [tokens, heads, head_dim]
-        # Same roundings as HF's `x * cos + rotate_half(x) * sin`, with fewer temporaries.
-        return (x * cos).add_(rotated.mul_(sin))
+        return table.index_select(0, positions)  # [num_tokens, 2, head_dim]

@@ -1,15 +1,26 @@
-"""CPU paged-attention kernels: C with AVX-512/BF16 intrinsics and OpenMP, compiled with the
-system gcc at first use (see ``build``) and called through ctypes.
+"""CPU kernels: C with AVX-512/BF16 intrinsics and OpenMP, compiled with the system gcc at
+first use (see ``build``) and called through ctypes. Paged attention (``paged_attention``) and
+the decoder's elementwise ops on bf16 (``model_ops``: RMSNorm with the residual add, RoPE,
+SiLU-and-mul, KV writes into a bf16 pool).
 
 ``cpu_attention_available()`` says whether they can run here (x86-64 Linux, AVX-512 F/BW/VL
 and AVX512-BF16, gcc; ``PREFIXCACHE_CPU_KERNELS=0`` turns them off); ``cpu_kernel_supports``
 whether a given call qualifies (bf16 queries over a bf16, or a scaled int8 / fp8, pool).
-Otherwise use the references in ``prefixcache.kernels.reference.paged_attention``, which have
-the same signatures.
+``cpu_model_ops_support`` whether tensors qualify for the elementwise ops (CPU bf16).
+Otherwise use the references in ``prefixcache.kernels.reference``, which have the same
+signatures.
 """
 
 from __future__ import annotations
 
+from prefixcache.kernels.cpu.model_ops import (
+    add_rms_norm_cpu_,
+    apply_rotary_cpu_,
+    cpu_model_ops_support,
+    rms_norm_cpu,
+    silu_and_mul_cpu,
+    store_kv_cpu,
+)
 from prefixcache.kernels.cpu.paged_attention import (
     cpu_attention_available,
     cpu_kernel_supports,
@@ -18,8 +29,14 @@ from prefixcache.kernels.cpu.paged_attention import (
 )
 
 __all__ = [
+    "add_rms_norm_cpu_",
+    "apply_rotary_cpu_",
     "cpu_attention_available",
     "cpu_kernel_supports",
+    "cpu_model_ops_support",
     "paged_decode_attention_cpu",
     "paged_prefill_attention_cpu",
+    "rms_norm_cpu",
+    "silu_and_mul_cpu",
+    "store_kv_cpu",
 ]

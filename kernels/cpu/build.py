@@ -1,11 +1,12 @@
-"""Compile ``paged_attention.c`` with the system gcc at first use and load it with ctypes.
+"""Compile the CPU kernels (``paged_attention.c``, ``model_ops.c``) with the system gcc at
+first use and load them, as one shared library, with ctypes.
 
 The shared library is cached as ``$XDG_CACHE_HOME/prefixcache/kernels/<hash>.so`` (default
-``~/.cache``), the hash covering the source, the compiler command and version, the CPU flags
-and the OpenMP runtime it links; it is written to a temporary file and renamed into place, so
-concurrent processes never see a partial file. The kernel is linked against the OpenMP runtime
-torch itself loaded (the ``libgomp`` bundled in pip wheels), so torch and the kernel share one
-thread pool instead of two runtimes spinning against each other.
+``~/.cache``), the hash covering the sources and header, the compiler command and version, the
+CPU flags and the OpenMP runtime it links; it is written to a temporary file and renamed into
+place, so concurrent processes never see a partial file. The library is linked against the
+OpenMP runtime torch itself loaded (the ``libgomp`` bundled in pip wheels), so torch and the
+kernels share one thread pool instead of two runtimes spinning against each other.
 
 ``load_library()`` returns the loaded library or None, never raises; the reason it is None is
 logged once at debug level. ``PREFIXCACHE_CPU_KERNELS=0`` disables the kernels.
@@ -28,7 +29,9 @@ import torch
 
 log = logging.getLogger(__name__)
 
-SOURCE = Path(__file__).with_name("paged_attention.c")
+_HERE = Path(__file__).parent
+SOURCES = (_HERE / "paged_attention.c", _HERE / "model_ops.c")
+HEADERS = (_HERE / "simd_math.h",)
 REQUIRED_CPU_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_bf16")
 COMPILE_FLAGS = (
     "-O3", "-fPIC", "-std=gnu11", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq",
@@ -91,16 +94,17 @@ def _compile(gcc: str, gomp: Path | None, target: Path) -> None:
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=target.stem, suffix=".tmp")
     os.close(fd)
-    obj = tmp + ".o"
+    objects = [f"{tmp}.{source.stem}.o" for source in SOURCES]
     try:
-        _run([gcc, *COMPILE_FLAGS, "-c", str(SOURCE), "-o", obj])
+        for source, obj in zip(SOURCES, objects, strict=True):
+            _run([gcc, *COMPILE_FLAGS, "-c", str(source), "-o", obj])
         # link the exact runtime torch loaded (same soname, so one copy at run time)
         link = ["-fopenmp"] if gomp is None else [str(gomp), f"-Wl,-rpath,{gomp.parent}"]
-        _run([gcc, "-shared", obj, *link, "-o", tmp])
+        _run([gcc, "-shared", *objects, *link, "-lm", "-o", tmp])
         os.chmod(tmp, 0o755)
         os.replace(tmp, target)
     finally:
-        for path in (tmp, obj):
+        for path in (tmp, *objects):
             if os.path.exists(path):
                 os.remove(path)
 
@@ -119,12 +123,13 @@ def _build() -> ctypes.CDLL:
     ).stdout.strip()
     gomp = torch_openmp_runtime()
     key = hashlib.sha256()
-    parts = (SOURCE.read_bytes(), gcc, version, " ".join(COMPILE_FLAGS),
-             " ".join(sorted(cpu_flags())), str(gomp))  # fmt: skip
+    sources = (path.read_bytes() for path in (*SOURCES, *HEADERS))
+    parts = (*sources, gcc, version, " ".join(COMPILE_FLAGS), " ".join(sorted(cpu_flags())),
+             str(gomp))  # fmt: skip
     for part in parts:
         key.update(part if isinstance(part, bytes) else part.encode())
         key.update(b"\0")
-    target = cache_dir() / f"paged_attention-{key.hexdigest()[:24]}.so"
+    target = cache_dir() / f"cpu_kernels-{key.hexdigest()[:24]}.so"
     if not target.exists():
         try:
             _compile(gcc, gomp, target)
@@ -152,6 +157,25 @@ def _declare(lib: ctypes.CDLL) -> None:
     ]  # fmt: skip
     lib.pa_release_workspace.restype = None
     lib.pa_release_workspace.argtypes = []
+    f32 = ctypes.c_float
+    lib.pc_rms_norm.restype = None
+    lib.pc_rms_norm.argtypes = [
+        ptr, i64, ptr, i64, ptr, ptr, i64,  # x, stride, residual, stride, weight, out, stride
+        i64, i64, f32, i32,  # rows, hidden, eps, num_threads
+    ]  # fmt: skip
+    lib.pc_rotary.restype = None
+    lib.pc_rotary.argtypes = [
+        ptr, i64, i64, ptr, i64,  # x, token stride, head stride, cos_sin, token stride
+        i64, i64, i64, i32,  # tokens, num_heads, head_dim, num_threads
+    ]  # fmt: skip
+    lib.pc_silu_and_mul.restype = None
+    lib.pc_silu_and_mul.argtypes = [ptr, i64, ptr, i64, i64, i64, i32]
+    lib.pc_store_kv.restype = i32
+    lib.pc_store_kv.argtypes = [
+        ptr, i64, i64, ptr, i64, i64,  # k, token stride, head stride, v, ...
+        ptr, ptr, ptr,  # k_cache, v_cache, slots (int64)
+        i64, i64, i64, i64,  # tokens, num_kv_heads, head_dim, num_slots
+    ]  # fmt: skip
 
 
 def load_library() -> ctypes.CDLL | None:

@@ -33,12 +33,12 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "simd_math.h"
+
 #define KB 64        /* keys per online-softmax step */
 #define RB 6         /* query rows per register tile */
 #define ROWS_ITEM 48 /* query rows per work item */
 #define MAX_D 256    /* largest head_dim (a multiple of 32) */
-
-typedef uint16_t bf16;
 
 enum { KV_BF16 = 0, KV_INT8 = 1, KV_FP8 = 2 }; /* pool element types (pa_paged_attention) */
 
@@ -92,23 +92,7 @@ static inline int64_t packed_bytes(int nkeys, int D) { /* one of K or V of one k
     return (int64_t)((nkeys + KB - 1) / KB) * KB * D * 2;
 }
 
-#define INLINE static inline __attribute__((always_inline))
-
 /* ------------------------------------------------------------------ math helpers */
-
-/* 2^x = 2^floor(x) * 2^f with f = x - floor(x) in [0, 1) (vreduceps): a degree-5 minimax
- * polynomial for 2^f (relative error 1.6e-7 in float32), scaled by vscalefps, which itself
- * takes floor(x). Very negative x (down to -1e38) gives 0; x must not be -inf or NaN. */
-static inline __m512 exp2_ps(__m512 x) {
-    const __m512 f = _mm512_reduce_ps(x, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
-    __m512 p = _mm512_set1_ps(1.8775763211698725e-3f);
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(8.98934094749726e-3f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.5826317333923375e-2f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.401536172874479e-1f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.931530731720384e-1f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.999999250640293e-1f));
-    return _mm512_scalef_ps(p, x);
-}
 
 /* Max of all lanes, broadcast to every lane. */
 static inline __m512 hmax_bcast(__m512 x) {
