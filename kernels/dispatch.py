@@ -70,9 +70,15 @@ def uses_cpu_kernel(
 
 def cpu_kernels() -> ModuleType:
     """The ``prefixcache.kernels.cpu`` package (compiles its library on first use)."""
-    from prefixcache.kernels import cpu as cpu_package
+    global _cpu_package
+    if _cpu_package is None:
+        from prefixcache.kernels import cpu as cpu_package
 
-    return cpu_package
+        _cpu_package = cpu_package
+    return _cpu_package
+
+
+_cpu_package: ModuleType | None = None  # imported on first use (every dispatch asks for it)
 
 
 def triton_kernels() -> ModuleType:

@@ -5,7 +5,10 @@
  * Flash-attention style: online softmax in float32, the score matrix is never materialized.
  * The query rows of a kv head are (query token, query head of the group) pairs, so a GQA
  * group's heads share one read of K/V. Work items are (sequence, kv head, range of query rows),
- * or, for short queries over many sequences (decode), (sequence, all kv heads).
+ * or, for short queries over many sequences (decode), (sequence, all kv heads). When short
+ * queries over few sequences leave threads idle (decode of one sequence: one item per kv head),
+ * their keys are split into chunks (split-K): each chunk item leaves its unnormalized partial
+ * output, running max and sum, and a merge pass combines the chunks of each row.
  * A row tile of up to RB rows is scored against KB keys at a time:
  *
  *   S = Q K^T   _mm512_dpbf16_ps, keys packed as [head_dim/2][KB][2] (16 keys x 2 dims a zmm,
@@ -39,6 +42,8 @@
 #define RB 6         /* query rows per register tile */
 #define ROWS_ITEM 48 /* query rows per work item */
 #define MAX_D 256    /* largest head_dim (a multiple of 32) */
+#define SPLIT_ITEMS_PER_THREAD 8 /* split-K aims at this many items per thread */
+#define SPLIT_MIN_BLOCKS 4       /* key blocks (of KB) per split-K chunk, at least */
 
 enum { KV_BF16 = 0, KV_INT8 = 1, KV_FP8 = 2 }; /* pool element types (pa_paged_attention) */
 
@@ -48,12 +53,23 @@ typedef struct {
     int ncache;     /* keys read from the cache */
     int lim0;       /* keys visible to query token 0 */
     int64_t ws_off; /* byte offset of the prepacked K/V of kv head 0, or -1: pack per item */
+    int chunks;     /* split-K chunks of its keys per (kv head, query rows): 1 = unsplit */
 } seq_info;
 
 typedef struct {
     int seq, h0, h1, r0, r1; /* kv heads [h0, h1), query rows [r0, r1) of each */
+    int kb0, kb1;            /* key blocks [kb0, kb1) (split-K chunk), or 0, INT32_MAX */
+    int64_t part;            /* split-K: float offset of this chunk's partials, else -1 */
     int64_t cost;
 } work_item;
+
+/* Split-K bookkeeping of one (sequence, kv head, query rows) whose keys were chunked: the
+ * chunks' partials lie at part + c * stride floats, rows (r1 - r0) x (D + 2) each: the
+ * unnormalized output row, then the row's reference max m and lane-summed l. */
+typedef struct {
+    int seq, h, r0, r1, chunks;
+    int64_t part, stride;
+} split_merge;
 
 typedef struct {
     int seq, kb; /* key block kb of all kv heads */
@@ -433,8 +449,11 @@ static const step_fn STEPS[RB + 1] = {NULL,         block_step_1, block_step_2, 
 
 /* ------------------------------------------------------------------ work items */
 
-/* Rows [rb, rb + R) of (seq s, kv head h): attention over all their visible keys. */
-static void row_tile(const problem *p, int s, int h, int rb, int R, scratch *sc) {
+/* Rows [rb, rb + R) of (seq s, kv head h): attention over their visible keys in key blocks
+ * [kb0, kb1). Writes the normalized bf16 output rows, or, when part is not NULL (a split-K
+ * chunk), each row's unnormalized output, reference max and sum there: R x (D + 2) floats. */
+static void row_tile(const problem *p, int s, int h, int rb, int R, int kb0, int kb1,
+                     float *part, scratch *sc) {
     const seq_info *si = &p->seqs[s];
     const int D = p->D, G = p->G;
     int lim[RB];
@@ -445,7 +464,9 @@ static void row_tile(const problem *p, int s, int h, int rb, int R, scratch *sc)
         memset(sc->o + i * MAX_D, 0, (size_t)D * sizeof(float));
         lim[i] = si->lim0 + t;
     }
-    const int lim_lo = lim[0], lim_hi = lim[R - 1];
+    const int lim_lo = lim[0];
+    const int64_t chunk_end = (int64_t)kb1 * KB;
+    const int lim_hi = lim[R - 1] < chunk_end ? lim[R - 1] : (int)chunk_end; /* keys read */
     row_state st[RB];
     for (int i = 0; i < R; i++) {
         st[i].m = _mm512_set1_ps(MASKED);
@@ -463,11 +484,11 @@ static void row_tile(const problem *p, int s, int h, int rb, int R, scratch *sc)
     block_args a;
     int cur = 0; /* packing here: rows of block kb in kr[cur], of block kb + 1 prefetched */
     int npool[2] = {0, 0}; /* leading rows of kr[i] / vr[i] that are pool rows */
-    if (!kpre && lim_hi > 0) {
-        npool[0] = key_rows(p, s, h, 0, sc->kr[0], sc->vr[0]);
+    if (!kpre && kb0 * KB < lim_hi) {
+        npool[0] = key_rows(p, s, h, kb0 * KB, sc->kr[0], sc->vr[0]);
         prefetch_rows(sc->kr[0], sc->vr[0], npool[0], p->esize, D);
     }
-    for (int kb = 0; kb * KB < lim_hi; kb++) {
+    for (int kb = kb0; kb * KB < lim_hi; kb++) {
         if (kpre) {
             a.kp = kpre + (int64_t)kb * KB * D / 2;
             a.vp = vpre + (int64_t)kb * KB * D / 2;
@@ -488,7 +509,13 @@ static void row_tile(const problem *p, int s, int h, int rb, int R, scratch *sc)
         for (int i = 0; i < R; i++) a.lim[i] = lim[i] - kb * KB;
         step(D, p->c, &a, sc, st);
     }
-    for (int i = 0; i < R; i++) {
+    for (int i = 0; part && i < R; i++) {
+        float *row = part + (int64_t)i * (D + 2);
+        memcpy(row, sc->o + i * MAX_D, (size_t)D * sizeof(float));
+        row[D] = _mm512_cvtss_f32(st[i].m);
+        row[D + 1] = _mm512_reduce_add_ps(st[i].l);
+    }
+    for (int i = 0; !part && i < R; i++) {
         const int t = (rb + i) / G, g = (rb + i) % G;
         bf16 *dst = p->out + ((si->qs + t) * p->H + h * G + g) * (int64_t)D;
         const float sum = _mm512_reduce_add_ps(st[i].l);
@@ -517,6 +544,36 @@ static void pack_block(const problem *p, const pack_item *it, scratch *sc) {
     for (int h = 0; h < p->KVH && (it->kb + 1) * KB < total; h++) {
         const int npool = key_rows(p, it->seq, h, (it->kb + 1) * KB, sc->kr[1], sc->vr[1]);
         prefetch_rows(sc->kr[1], sc->vr[1], npool, p->esize, p->D);
+    }
+}
+
+/* Combines the split-K chunks of each row of m: out = sum_c w_c O_c / sum_c w_c l_c with
+ * w_c = 2^((m_c - max_c m_c) c), written as bf16. A row no key reaches gets zeros. */
+static void merge_split(const problem *p, const split_merge *m, float *parts) {
+    const seq_info *si = &p->seqs[m->seq];
+    const int D = p->D, G = p->G;
+    for (int r = m->r0; r < m->r1; r++) {
+        const int64_t row = (int64_t)(r - m->r0) * (D + 2);
+        float mmax = MASKED;
+        for (int c = 0; c < m->chunks; c++) {
+            const float mc = parts[m->part + c * m->stride + row + D];
+            mmax = mc > mmax ? mc : mmax;
+        }
+        __m512 acc[MAX_D / 16];
+        for (int d = 0; d < D / 16; d++) acc[d] = _mm512_setzero_ps();
+        float sum = 0.0f;
+        for (int c = 0; c < m->chunks; c++) {
+            const float *src = parts + m->part + c * m->stride + row;
+            const __m512 w = exp2_ps(_mm512_set1_ps((src[D] - mmax) * p->c));
+            sum += _mm512_cvtss_f32(w) * src[D + 1];
+            for (int d = 0; d < D / 16; d++)
+                acc[d] = _mm512_fmadd_ps(w, _mm512_loadu_ps(src + 16 * d), acc[d]);
+        }
+        const int t = r / G, g = r % G;
+        bf16 *dst = p->out + ((si->qs + t) * p->H + m->h * G + g) * (int64_t)D;
+        const __m512 inv = _mm512_set1_ps(sum > 0.0f ? 1.0f / sum : 0.0f);
+        for (int d = 0; d < D / 16; d++)
+            store_bf16(dst + 16 * d, _mm512_mul_ps(acc[d], inv), 0xFFFF);
     }
 }
 
@@ -599,6 +656,7 @@ int pa_paged_attention(const bf16 *q, int64_t q_st, int64_t q_sh, const bf16 *k,
         if (lens[s] < 0) err = -2;
         if (err) break;
         si->ws_off = -1;
+        si->chunks = 1;
         if (si->nq == 0) continue; /* nothing read for it */
         const int64_t nblk = ((int64_t)si->ncache + block_size - 1) / block_size;
         if (nblk > max_blocks) err = -3;
@@ -621,17 +679,43 @@ int pa_paged_attention(const bf16 *q, int64_t q_st, int64_t q_sh, const bf16 *k,
         return err;
     }
     const int nt = num_threads > 0 ? num_threads : 1;
+    /* Split-K when short queries over few sequences would leave threads idle: each sequence
+     * read per block inside its items gets its keys cut into chunks of SPLIT_MIN_BLOCKS key
+     * blocks or more, so that there are about SPLIT_ITEMS_PER_THREAD items per thread. */
+    const int64_t split_target = (int64_t)SPLIT_ITEMS_PER_THREAD * nt;
+    int64_t n_merges = 0, part_floats = 0;
+    for (int s = 0; s < num_seqs && nt > 1 && num_seqs < 4 * nt && n_items < split_target; s++) {
+        seq_info *si = &seqs[s];
+        const int total = si->lim0 + si->nq - 1;
+        if (si->ws_off >= 0 || si->nq == 0 || total <= 0) continue;
+        const int64_t want = (split_target + n_items - 1) / n_items;
+        const int64_t most = ((int64_t)total + KB - 1) / KB / SPLIT_MIN_BLOCKS;
+        si->chunks = (int)(want < most ? want : most);
+        if (si->chunks < 2) {
+            si->chunks = 1;
+            continue;
+        }
+        const int rows = si->nq * G;
+        const int64_t pieces = (int64_t)num_kv_heads * ((rows + ROWS_ITEM - 1) / ROWS_ITEM);
+        n_merges += pieces;
+        part_floats += (int64_t)si->chunks * num_kv_heads * rows * (D + 2);
+    }
+    const int64_t items_cap = n_items * (n_merges ? split_target : 1);
     const int64_t scratch_off = (ws_bytes + 63) / 64 * 64;
-    char *ws = workspace(scratch_off + (int64_t)sizeof(scratch) * nt);
-    work_item *items = malloc(sizeof(work_item) * (size_t)(n_items + 1));
+    const int64_t parts_off = scratch_off + (int64_t)sizeof(scratch) * nt;
+    char *ws = workspace(parts_off + part_floats * (int64_t)sizeof(float));
+    work_item *items = malloc(sizeof(work_item) * (size_t)(items_cap + 1));
     pack_item *packs = malloc(sizeof(pack_item) * (size_t)(n_packs + 1));
-    if (!ws || !items || !packs) {
+    split_merge *merges = malloc(sizeof(split_merge) * (size_t)(n_merges + 1));
+    if (!ws || !items || !packs || !merges) {
         free(seqs);
         free(items);
         free(packs);
+        free(merges);
         return -5;
     }
-    int64_t ni = 0, np = 0;
+    float *parts = (float *)(ws + parts_off);
+    int64_t ni = 0, np = 0, nm = 0, part = 0;
     for (int s = 0; s < num_seqs; s++) {
         const seq_info *si = &seqs[s];
         const int rows = si->nq * G;
@@ -641,15 +725,29 @@ int pa_paged_attention(const bf16 *q, int64_t q_st, int64_t q_sh, const bf16 *k,
             /* decode-like and enough sequences to share out: one item reads each cache block of
              * the sequence for all kv heads in turn (page and cache-line locality) */
             const int64_t keys = si->lim0 + si->nq / 2 + KB;
-            items[ni++] = (work_item){s, 0, num_kv_heads, 0, rows,
+            items[ni++] = (work_item){s, 0, num_kv_heads, 0, rows, 0, INT32_MAX, -1,
                                       keys * (rows + RB) * num_kv_heads};
             continue;
         }
+        const int nkb = (total + KB - 1) / KB;
         for (int h = 0; h < num_kv_heads; h++) {
             for (int r0 = 0; r0 < rows; r0 += ROWS_ITEM) {
                 const int r1 = r0 + ROWS_ITEM < rows ? r0 + ROWS_ITEM : rows;
                 const int64_t keys = si->lim0 + (r0 + r1) / (2 * G) + KB;
-                items[ni++] = (work_item){s, h, h + 1, r0, r1, keys * (r1 - r0 + RB)};
+                if (si->chunks == 1) {
+                    items[ni++] = (work_item){s, h, h + 1, r0, r1, 0, INT32_MAX, -1,
+                                              keys * (r1 - r0 + RB)};
+                    continue;
+                }
+                const int64_t stride = (int64_t)(r1 - r0) * (D + 2);
+                merges[nm++] = (split_merge){s, h, r0, r1, si->chunks, part, stride};
+                for (int c = 0; c < si->chunks; c++) {
+                    const int kb0 = (int)((int64_t)nkb * c / si->chunks);
+                    const int kb1 = (int)((int64_t)nkb * (c + 1) / si->chunks);
+                    items[ni++] = (work_item){s, h, h + 1, r0, r1, kb0, kb1, part + c * stride,
+                                              (int64_t)(kb1 - kb0) * KB * (r1 - r0 + RB)};
+                }
+                part += si->chunks * stride;
             }
         }
     }
@@ -673,13 +771,19 @@ int pa_paged_attention(const bf16 *q, int64_t q_st, int64_t q_sh, const bf16 *k,
             for (int h = it->h0; h < it->h1; h++) {
                 for (int rb = it->r0; rb < it->r1; rb += RB) {
                     const int R = it->r1 - rb < RB ? it->r1 - rb : RB;
-                    row_tile(&p, it->seq, h, rb, R, sc);
+                    float *tile_part = it->part < 0
+                                           ? NULL
+                                           : parts + it->part + (int64_t)(rb - it->r0) * (D + 2);
+                    row_tile(&p, it->seq, h, rb, R, it->kb0, it->kb1, tile_part, sc);
                 }
             }
         }
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t i = 0; i < nm; i++) merge_split(&p, &merges[i], parts);
     }
     free(seqs);
     free(items);
     free(packs);
+    free(merges);
     return 0;
 }

@@ -217,6 +217,7 @@ def check_decode(
     block_size: int,
     kv_cache_dtype: str = "auto",
     scale_shape: str = "channel",
+    scale: float | None = None,
     **pool_kwargs,
 ) -> None:
     kv_heads = KV_HEADS_FOR_GROUP[group]
@@ -228,7 +229,7 @@ def check_decode(
     qkv = torch.randn((len(lengths), heads + 2, head_dim), generator=generator).bfloat16()
     q = qkv[:, :heads]  # [num_seqs, heads, head_dim], strided
     seq_lens = torch.tensor(lengths, dtype=torch.int32)
-    scale = head_dim**-0.5
+    scale = head_dim**-0.5 if scale is None else scale
     got = paged_decode_attention_cpu(q, *pool, seq_lens, scale, *kv_scales)
     expected = paged_decode_attention_reference(q.float(), *ref_pool, seq_lens, scale, *kv_scales)
     assert got.dtype == torch.bfloat16 and got.shape == q.shape
@@ -247,6 +248,39 @@ def test_decode_many_sequences(threads: int) -> None:
     # enough sequences for one work item per sequence covering all kv heads
     lengths = [1, 16, 19, 150, 67, 5, 33, 100, 2, 64, 300, 7]
     check_decode(lengths, 3, 64, 16)
+
+
+@pytest.mark.parametrize(
+    ("lengths", "group", "head_dim"),
+    [
+        ([2000], 3, 64),  # one sequence: its 3 kv heads' keys in 6 chunks each
+        ([1300, 700, 40], 3, 64),  # 2, 2 and 1 (unsplit) chunks
+        ([1200, 30], 8, 128),
+        ([1100], 1, 32),
+    ],
+)
+def test_decode_split_keys_over_few_sequences(
+    lengths: list[int], group: int, head_dim: int, threads: int
+) -> None:
+    """Few long sequences on 2 threads: keys split into chunks whose partial outputs are
+    merged (on 1 thread, unsplit)."""
+    check_decode(lengths, group, head_dim, 16)
+
+
+def test_decode_split_keys_large_scores(threads: int) -> None:
+    # scale 1: peaked softmax, the chunks' maxima differ widely before the merge
+    check_decode([1500, 900], 3, 64, 16, scale=1.0)
+
+
+def test_prefill_split_keys_short_chunks(threads: int) -> None:
+    # 1-2 new tokens over long contexts (packed per item): split as decode, causal new keys
+    # in the last chunk
+    check_prefill([900, 1000, 5], [1, 2, 1], 3, 64, 16)
+
+
+@pytest.mark.parametrize("kv_cache_dtype", ["int8", "fp8"])
+def test_quantized_decode_split_keys(kv_cache_dtype: str, threads: int) -> None:
+    check_decode([1500, 600], 3, 64, 16, kv_cache_dtype=kv_cache_dtype)
 
 
 @pytest.mark.parametrize("head_dim", [64, 128])
