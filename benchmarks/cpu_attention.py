@@ -1,12 +1,13 @@
 """CPU paged attention: the compiled AVX-512/BF16 kernel against the torch reference and SDPA.
 
-Three cases with SmolLM2-135M shapes (9 query heads over 3 kv heads, head_dim 64, bf16,
+Four cases with SmolLM2-135M shapes (9 query heads over 3 kv heads, head_dim 64, bf16,
 block size 16), each timed side by side in one run (the variants interleaved per repeat,
 medians reported):
 
 1. cold prefill: one sequence, 1,637 new tokens, no cached context (causal);
 2. warm prefill: 64 new tokens over 1,637 cached tokens;
-3. batched decode: 32 sequences, one query each, 300-400 cached tokens each.
+3. batched decode: 32 sequences, one query each, 300-400 cached tokens each;
+4. decode of one sequence over 1,701 cached tokens (the kernel splits its keys: split-K).
 
 Interleaving means each variant starts with caches holding the other variants' data, as in a
 model forward; the kernel is also timed back to back on its own (hot caches) for reference.
@@ -189,9 +190,9 @@ def warm_prefill(generator: torch.Generator) -> dict[str, Any]:
     )
 
 
-def batched_decode(generator: torch.Generator) -> dict[str, Any]:
-    seqs = 32
-    lengths = torch.randint(300, 401, (seqs,), generator=generator)
+def decode_case(name: str, lengths: torch.Tensor, generator: torch.Generator) -> dict[str, Any]:
+    """One query per sequence over ``lengths`` [seqs] cached tokens."""
+    seqs = lengths.shape[0]
     k_cache, v_cache, tables, dense_k, dense_v = paged_pool(lengths.tolist(), generator, 4096)
     q = torch.randn(seqs, HEADS, HEAD_DIM, generator=generator).bfloat16()
     seq_lens = lengths.to(torch.int32)
@@ -202,7 +203,7 @@ def batched_decode(generator: torch.Generator) -> dict[str, Any]:
     mask = mask[:, None, None, :]  # [seqs, 1, 1, max_len]
     sdpa_kwargs = {"attn_mask": mask, "scale": SCALE}
     return kernel_case(
-        "batched decode (32 seqs x 300-400 cached)",
+        name,
         int(lengths.sum()),
         lambda: F.scaled_dot_product_attention(grouped, dense_k, dense_v, **sdpa_kwargs),
         paged_decode_attention_cpu,
@@ -210,6 +211,16 @@ def batched_decode(generator: torch.Generator) -> dict[str, Any]:
         args,
         1,
     )
+
+
+def batched_decode(generator: torch.Generator) -> dict[str, Any]:
+    lengths = torch.randint(300, 401, (32,), generator=generator)
+    return decode_case("batched decode (32 seqs x 300-400 cached)", lengths, generator)
+
+
+def single_decode(generator: torch.Generator) -> dict[str, Any]:
+    """One sequence: the kernel splits each kv head's keys into chunks (split-K)."""
+    return decode_case("decode (1 seq x 1701 cached)", torch.tensor([1701]), generator)
 
 
 def time_interleaved(variants: dict[str, Callable[[], Any]], repeats: int) -> dict[str, float]:
@@ -278,7 +289,7 @@ def main() -> None:
     generator = torch.Generator().manual_seed(0)
     results = []
     print(f"{'case':42s} {'variant':14s} {'ms':>8s} {'GFLOP/s':>8s} {'vs sdpa':>8s} {'vs ref':>8s}")
-    for make in (cold_prefill, warm_prefill, batched_decode):
+    for make in (cold_prefill, warm_prefill, batched_decode, single_decode):
         case = make(generator)
         repeats = args.repeats if case["pairs"] > 100_000 else args.repeats * 4
         results.append(run_case(case, repeats))
