@@ -14,8 +14,6 @@ checked separately, bit for bit, through a one-token decode.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 import torch
 from paged_kernel_inputs import make_pool, varlen_queries
@@ -43,14 +41,6 @@ TOLERANCE = {"atol": 2e-2, "rtol": 2e-2}
 KV_HEADS_FOR_GROUP = {1: 2, 3: 3, 8: 1}
 QUANTIZED = {"int8": torch.int8, "fp8": FP8_DTYPE}
 SCALE_SHAPES = ["channel", "head", "scalar"]  # [kv_heads, head_dim], [kv_heads], []
-
-
-@pytest.fixture(params=[1, 2], ids=["1thread", "2threads"])
-def threads(request: pytest.FixtureRequest) -> Iterator[int]:
-    previous = torch.get_num_threads()
-    torch.set_num_threads(request.param)
-    yield request.param
-    torch.set_num_threads(previous)
 
 
 def bf16_pool(lengths: list[int], kv_heads: int, head_dim: int, block_size: int, **kwargs):

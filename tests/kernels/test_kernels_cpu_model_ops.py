@@ -10,8 +10,6 @@ one in a million) and within one bf16 ulp everywhere.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 import torch
 from kernel_calls import CPU_MODEL_OP_NAMES, record_cpu_kernel_calls
@@ -43,14 +41,6 @@ BF16 = torch.bfloat16
 # (rows, width): a single row, row tails that are not a multiple of 16 lanes, and sizes past
 # the threshold where the ops use every thread
 SHAPES = [(1, 576), (7, 40), (64, 576), (33, 1000), (300, 64), (257, 576)]
-
-
-@pytest.fixture(params=[1, 2], ids=["1thread", "2threads"])
-def threads(request: pytest.FixtureRequest) -> Iterator[int]:
-    previous = torch.get_num_threads()
-    torch.set_num_threads(request.param)
-    yield request.param
-    torch.set_num_threads(previous)
 
 
 def assert_nearly_bitwise(got: torch.Tensor, expected: torch.Tensor) -> None:
