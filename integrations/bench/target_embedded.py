@@ -35,14 +35,15 @@ class EmbeddedTarget:
         """Load the model (in a thread), optionally run a 2-token warm-up, then clear the cache
         so that the measured run starts cold."""
         from prefixcache.engine.async_llm import AsyncLLM
-        from prefixcache.engine.llm import LLM
 
-        llm = await asyncio.to_thread(
-            LLM, self.model, enable_prefix_caching=self.cache_on, **self.llm_kwargs
+        # the model loads on the engine's own thread (one OpenMP pool, see AsyncLLM); this
+        # thread only waits for it
+        self.engine = await asyncio.to_thread(
+            AsyncLLM, model=self.model, enable_prefix_caching=self.cache_on, **self.llm_kwargs
         )
-        self.engine = AsyncLLM(llm)
         if warmup:
-            await self._generate_quietly(list(range(100, 100 + 2 * llm.cache.block_size)), 2)
+            block_size = self.engine.llm.cache.block_size
+            await self._generate_quietly(list(range(100, 100 + 2 * block_size)), 2)
             await self.engine.reset_cache()
         self.peak_kv_usage = 0.0
 

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 from pathlib import Path
 
 import pytest
 
+import prefixcache.engine.async_llm as async_llm_module
 from prefixcache.engine.async_llm import AsyncLLM
 from prefixcache.engine.llm import LLM
 from prefixcache.engine.sampling_params import SamplingParams
@@ -109,3 +111,32 @@ def test_warm_pin_and_reset(engine: AsyncLLM) -> None:
 
     cached, _, looked, after = asyncio.run(run())
     assert cached == 20 and looked == 20 and after == 0
+
+
+def test_the_model_loads_on_the_engine_thread(
+    tiny_llama_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Built from keywords, the LLM is constructed on the worker thread that steps it (one
+    OpenMP pool for all of the engine's torch work), and it serves."""
+    built_on: list[str] = []
+
+    def recording_llm(**kwargs):
+        built_on.append(threading.current_thread().name)
+        return LLM(**kwargs)
+
+    monkeypatch.setattr(async_llm_module, "LLM", recording_llm)
+    engine = AsyncLLM(model=str(tiny_llama_dir), dtype="float32", num_blocks=32, block_size=4)
+    try:
+        assert built_on == ["prefixcache-engine"]
+        assert engine._worker.name == "prefixcache-engine"
+        outputs = asyncio.run(collect(engine, list(range(1, 9))))
+        assert outputs[-1].finished and len(outputs[-1].token_ids) == GREEDY.max_tokens
+    finally:
+        engine.shutdown()
+
+
+def test_a_loading_error_raises_from_the_constructor(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="model"):
+        AsyncLLM(model=str(tmp_path / "missing"))
+    with pytest.raises(TypeError):
+        AsyncLLM(model="smollm2", no_such_option=1)
