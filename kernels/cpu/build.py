@@ -9,12 +9,14 @@ OpenMP runtime torch itself loaded (the ``libgomp`` bundled in pip wheels), so t
 kernels share one thread pool instead of two runtimes spinning against each other.
 
 ``load_library()`` returns the loaded library or None, never raises; the reason it is None is
-logged once at debug level. ``PREFIXCACHE_CPU_KERNELS=0`` disables the kernels.
+logged once at debug level. ``PREFIXCACHE_CPU_KERNELS=0`` (read when the kernels are first
+asked for) disables the kernels.
 """
 
 from __future__ import annotations
 
 import ctypes
+import functools
 import hashlib
 import logging
 import os
@@ -42,8 +44,10 @@ _lock = threading.Lock()
 _state: dict[str, object] = {}  # "lib": CDLL | None once tried, "reason": str
 
 
+@functools.cache
 def kernels_enabled() -> bool:
-    """False when ``PREFIXCACHE_CPU_KERNELS`` is set to 0/false/off/no."""
+    """False when ``PREFIXCACHE_CPU_KERNELS`` is set to 0/false/off/no. Read once, at the first
+    call (every kernel dispatch asks); ``kernels_enabled.cache_clear()`` reads it again."""
     value = os.environ.get("PREFIXCACHE_CPU_KERNELS", "1").strip().lower()
     return value not in ("0", "false", "off", "no")
 

@@ -18,7 +18,7 @@ from prefixcache.kernels.cpu.build import load_library
 def cpu_model_ops_support(*tensors: torch.Tensor) -> bool:
     """True when every tensor is a CPU bf16 tensor and the compiled kernels run here."""
     for t in tensors:
-        if t.dtype is not torch.bfloat16 or t.device.type != "cpu":
+        if t.dtype is not torch.bfloat16 or not t.is_cpu:
             return False
     return load_library() is not None
 
@@ -31,7 +31,7 @@ def _library():
 
 
 def _check_rows(name: str, x: torch.Tensor, dim: int) -> None:
-    if x.dtype is not torch.bfloat16 or x.device.type != "cpu":
+    if x.dtype is not torch.bfloat16 or not x.is_cpu:
         raise ValueError(f"{name} must be a CPU bfloat16 tensor, got {x.dtype} on {x.device}")
     if x.dim() != dim or (x.numel() and x.stride(-1) != 1):
         raise ValueError(
@@ -41,7 +41,7 @@ def _check_rows(name: str, x: torch.Tensor, dim: int) -> None:
 
 
 def _check_weight(weight: torch.Tensor, hidden: int) -> None:
-    if weight.dtype is not torch.bfloat16 or weight.device.type != "cpu":
+    if weight.dtype is not torch.bfloat16 or not weight.is_cpu:
         raise ValueError(f"weight must be a CPU bfloat16 tensor, got {weight.dtype}")
     if weight.shape != (hidden,) or not weight.is_contiguous():
         raise ValueError(f"weight must be contiguous [{hidden}], got {tuple(weight.shape)}")

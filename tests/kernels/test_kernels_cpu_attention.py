@@ -21,10 +21,11 @@ from paged_kernel_inputs import make_pool, varlen_queries
 from prefixcache.kernels.cpu import (
     cpu_attention_available,
     cpu_kernel_supports,
+    cpu_model_ops_support,
     paged_decode_attention_cpu,
     paged_prefill_attention_cpu,
 )
-from prefixcache.kernels.cpu.build import unavailable_reason
+from prefixcache.kernels.cpu.build import kernels_enabled, unavailable_reason
 from prefixcache.kernels.quantization import FP8_DTYPE, dequantize
 from prefixcache.kernels.reference.kv_store import store_kv_reference
 from prefixcache.kernels.reference.paged_attention import (
@@ -444,6 +445,12 @@ def test_supports_predicate_shapes(pool_dtype: torch.dtype) -> None:
 
 def test_disabled_by_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PREFIXCACHE_CPU_KERNELS", "0")
-    assert not cpu_attention_available()
-    monkeypatch.delenv("PREFIXCACHE_CPU_KERNELS")
+    kernels_enabled.cache_clear()  # the variable is read once, at first use
+    try:
+        assert not cpu_attention_available()
+        assert not cpu_model_ops_support(torch.zeros(1, dtype=torch.bfloat16))
+        assert unavailable_reason() == "disabled by PREFIXCACHE_CPU_KERNELS=0"
+    finally:
+        monkeypatch.delenv("PREFIXCACHE_CPU_KERNELS")
+        kernels_enabled.cache_clear()
     assert cpu_attention_available()
