@@ -13,6 +13,7 @@ CPU_ATTENTION_NAMES = ("paged_prefill_attention_cpu", "paged_decode_attention_cp
 CPU_MODEL_OP_NAMES = (
     "rms_norm_cpu", "add_rms_norm_cpu_", "apply_rotary_cpu_", "silu_and_mul_cpu", "store_kv_cpu",
 )  # fmt: skip
+CPU_LINEAR_NAMES = ("linear_cpu",)
 
 
 def record_calls(
@@ -33,5 +34,6 @@ def record_calls(
 
 
 def record_cpu_kernel_calls(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """``record_calls`` on the compiled CPU kernels (attention and the elementwise ops)."""
-    return record_calls(monkeypatch, cpu_kernels(), CPU_ATTENTION_NAMES + CPU_MODEL_OP_NAMES)
+    """``record_calls`` on the compiled CPU kernels (attention, elementwise ops, GEMM)."""
+    names = CPU_ATTENTION_NAMES + CPU_MODEL_OP_NAMES + CPU_LINEAR_NAMES
+    return record_calls(monkeypatch, cpu_kernels(), names)

@@ -1,10 +1,18 @@
-"""Linear layers whose weights oneDNN reorders once, at load time, into its GEMM layout (CPU).
+"""Linear layers whose weights are packed once, at load time, into a GEMM kernel's layout (CPU).
 
 ``F.linear`` on CPU hands oneDNN a plain row-major weight and lets it reorder the weight on
-every call; a pre-reordered ("packed") weight skips that. Measured on a 2-core AVX-512 CPU
-with SmolLM2's shapes in bf16: 0.45-0.66x the time at 1 row (decode of one sequence),
-0.72-0.88x at 32-64 rows (batched decode, short suffixes), 0.90-0.94x at 1,637 rows (long
-prefill); the outputs are bitwise identical. ``PREFIXCACHE_PACK_WEIGHTS=0`` turns it off.
+every call; a pre-packed weight skips that. Two kernels hold packed weights:
+
+* bf16 on a CPU with AVX512-BF16 (and gcc): the compiled GEMM of ``prefixcache.kernels.cpu``
+  (weight in strips of 64 output columns, input dims paired). Against oneDNN's packed GEMM on
+  a 2-core AVX-512 CPU, SmolLM2's projections with weights streamed from memory: 0.73x the time
+  for one row (decode), 0.8-0.9x for 4-64 rows, 0.95-0.98x for long prefills. Sums run in
+  another order than oneDNN's, so the last bf16 bit of an output may differ from ``F.linear``.
+* otherwise (float32, or no compiled kernels): oneDNN's own packed layout
+  (``torch.ops.mkldnn._reorder_linear_weight``), bitwise-identical to ``F.linear``; measured in
+  bf16: 0.45-0.66x the time at 1 row, 0.72-0.88x at 32-64 rows, 0.90-0.94x at 1,637 rows.
+
+``PREFIXCACHE_PACK_WEIGHTS=0`` turns packing off (plain ``nn.Linear``).
 """
 
 from __future__ import annotations
@@ -13,6 +21,9 @@ import os
 
 import torch
 from torch import Tensor, nn
+
+from prefixcache.kernels.dispatch import cpu_kernels, get_kernel_backend
+from prefixcache.kernels.reference.linear import pack_linear_weight
 
 PACKABLE_DTYPES = (torch.float32, torch.bfloat16)
 
@@ -27,26 +38,38 @@ def weight_packing_available() -> bool:
 
 
 class PackedLinear(nn.Module):
-    """``x @ weight.T + bias`` with ``weight`` held in oneDNN's blocked layout.
+    """``x @ weight.T + bias`` with ``weight`` held packed for a GEMM kernel.
 
-    Contract: CPU only, float32 or bfloat16, input ``[num_rows, in_features]`` in the
-    weight's dtype. The packed weight is an opaque tensor outside ``state_dict``.
+    Contract: CPU only, float32 or bfloat16, input ``[num_rows, in_features]`` in the weight's
+    dtype. ``compiled`` says which kernel runs: the compiled bf16 GEMM (True) or oneDNN. The
+    packed weight is a tensor outside ``state_dict``.
     """
 
     def __init__(self, weight: Tensor, bias: Tensor | None) -> None:  # weight [out, in]
         super().__init__()
         self.out_features, self.in_features = weight.shape
-        self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None)
+        weight = weight.detach()
+        # the backend is chosen once, at load ("reference" keeps the bitwise oneDNN path)
+        self.compiled = get_kernel_backend() == "auto" and cpu_kernels().cpu_linear_supports(
+            weight
+        )
+        if self.compiled:
+            self.packed = pack_linear_weight(weight)  # [ceil(out / 64), in / 2, 64, 2]
+        else:
+            self.packed = torch.ops.mkldnn._reorder_linear_weight(weight, None)
         self.bias = None if bias is None else nn.Parameter(bias.detach(), requires_grad=False)
 
     def forward(self, x: Tensor) -> Tensor:
         """`x` `[num_rows, in_features]` -> `[num_rows, out_features]`."""
+        if self.compiled:
+            return cpu_kernels().linear_cpu(x, self.packed, self.out_features, self.bias)
         return torch.ops.mkldnn._linear_pointwise(
             x.contiguous(), self.packed, self.bias, "none", [], ""
         )
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, packed"
+        kernel = "compiled bf16 GEMM" if self.compiled else "oneDNN"
+        return f"in_features={self.in_features}, out_features={self.out_features}, {kernel}"
 
 
 def pack_linear_layers(model: nn.Module) -> int:

@@ -1,7 +1,8 @@
 """CPU kernels: C with AVX-512/BF16 intrinsics and OpenMP, compiled with the system gcc at
 first use (see ``build``) and called through ctypes. Paged attention (``paged_attention``) and
 the decoder's elementwise ops on bf16 (``model_ops``: RMSNorm with the residual add, RoPE,
-SiLU-and-mul, KV writes into a bf16 pool).
+SiLU-and-mul, KV writes into a bf16 pool) and its bf16 projections (``linear``: a GEMM over a
+weight packed once).
 
 ``cpu_attention_available()`` says whether they can run here (x86-64 Linux, AVX-512 F/BW/VL
 and AVX512-BF16, gcc; ``PREFIXCACHE_CPU_KERNELS=0`` turns them off); ``cpu_kernel_supports``
@@ -13,6 +14,7 @@ signatures.
 
 from __future__ import annotations
 
+from prefixcache.kernels.cpu.linear import cpu_linear_supports, linear_cpu
 from prefixcache.kernels.cpu.model_ops import (
     add_rms_norm_cpu_,
     apply_rotary_cpu_,
@@ -33,7 +35,9 @@ __all__ = [
     "apply_rotary_cpu_",
     "cpu_attention_available",
     "cpu_kernel_supports",
+    "cpu_linear_supports",
     "cpu_model_ops_support",
+    "linear_cpu",
     "paged_decode_attention_cpu",
     "paged_prefill_attention_cpu",
     "rms_norm_cpu",

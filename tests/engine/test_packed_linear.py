@@ -1,4 +1,5 @@
-"""oneDNN-packed projections: bitwise the same logits as plain ``F.linear``, on every variant."""
+"""Packed projections: oneDNN's (float32, or bf16 with the reference backend) give bitwise the
+same logits as plain ``F.linear``; the compiled bf16 GEMM gives them to bf16 rounding."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ from prefixcache.engine.model.packed_linear import PackedLinear, weight_packing_
 from prefixcache.engine.model_config import ModelConfig
 from prefixcache.engine.weights import build_model
 from prefixcache.engine.weights.hf_folder import read_hf_config, read_hf_state_dict
+from prefixcache.kernels import kernel_backend
+from prefixcache.kernels.dispatch import cpu_kernels
 
 pytestmark = pytest.mark.skipif(
     not weight_packing_available(), reason="this torch build has no oneDNN packed linear"
@@ -24,12 +27,10 @@ def logits_of(model: nn.Module, config: ModelConfig) -> torch.Tensor:  # [T, voc
     return model.compute_logits(hidden)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize(
-    ("architecture", "overrides"),
-    [("llama", {}), ("llama", {"tie_word_embeddings": False}), ("qwen2", {})],
-)
-def test_packed_model_gives_bitwise_equal_logits(make_hf_folder, architecture, overrides, dtype):
+VARIANTS = [("llama", {}), ("llama", {"tie_word_embeddings": False}), ("qwen2", {})]
+
+
+def packed_and_plain(make_hf_folder, architecture, overrides, dtype):
     _, folder = make_hf_folder(architecture, **overrides)
     config, state = read_hf_config(folder), read_hf_state_dict(folder)
     plain = build_model(config, state, dtype, pack=False)
@@ -38,9 +39,37 @@ def test_packed_model_gives_bitwise_equal_logits(make_hf_folder, architecture, o
     modules = [m for m in packed.modules() if isinstance(m, PackedLinear)]
     assert len(modules) == per_layer * config.num_layers + 1  # + the output head
     assert not any(isinstance(m, nn.Linear) for m in packed.modules())
-    assert torch.equal(logits_of(packed, config), logits_of(plain, config))
     if architecture == "qwen2":  # the QKV bias travels with the packed weight
         assert packed.layers[0].attn.qkv_proj.bias is not None
+    return config, packed, plain, modules
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(("architecture", "overrides"), VARIANTS)
+def test_onednn_packed_model_gives_bitwise_equal_logits(
+    make_hf_folder, architecture, overrides, dtype
+):
+    with kernel_backend("reference"):  # bf16 too: oneDNN's packing, not the compiled GEMM
+        config, packed, plain, modules = packed_and_plain(
+            make_hf_folder, architecture, overrides, dtype
+        )
+    assert not any(m.compiled for m in modules)
+    assert torch.equal(logits_of(packed, config), logits_of(plain, config))
+
+
+@pytest.mark.parametrize(("architecture", "overrides"), VARIANTS)
+def test_compiled_bf16_gemm_gives_the_same_logits_to_rounding(
+    make_hf_folder, architecture, overrides
+):
+    if not cpu_kernels().cpu_linear_supports(torch.zeros(2, 2, dtype=torch.bfloat16)):
+        pytest.skip("the compiled CPU kernels are unavailable on this machine")
+    config, packed, plain, modules = packed_and_plain(
+        make_hf_folder, architecture, overrides, torch.bfloat16
+    )
+    assert all(m.compiled for m in modules)
+    got, expected = logits_of(packed, config), logits_of(plain, config)
+    assert (got - expected).abs().max() <= 0.02 * expected.abs().max()
+    assert torch.equal(got.argmax(-1), expected.argmax(-1))
 
 
 def test_float16_and_disabled_packing_keep_plain_linears(make_hf_folder, monkeypatch):
