@@ -9,6 +9,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+import torch
+
+from prefixcache.kernels.cpu import cpu_linear_supports
+
 BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
 
 
@@ -60,3 +65,16 @@ def test_prefixcache_bench_quick(tmp_path):
         assert result["match"][key] > 0
     assert result["match"]["num_tokens"] == 32_768
     assert result["scale"]["cached_blocks"] >= result["config"]["scale_blocks"]
+
+
+def test_cpu_linear_quick(tmp_path):
+    if not cpu_linear_supports(torch.zeros(2, 2, dtype=torch.bfloat16)):
+        pytest.skip("the compiled CPU kernels are unavailable on this machine")
+    result = run_quick("cpu_linear.py", tmp_path / "cpu_linear.json")
+    assert result["quick"] is True
+    assert [row["rows"] for row in result["streamed"]] == [1, 64]
+    assert {(row["out"], row["in"]) for row in result["hot"]} == {
+        (960, 576), (576, 576), (3072, 576), (576, 1536), (49152, 576)
+    }
+    for row in result["streamed"] + result["hot"]:
+        assert row["ratio"] > 0 and math.isfinite(row["ratio"])

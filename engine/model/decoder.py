@@ -127,7 +127,8 @@ class CausalLM(nn.Module):
 
     def pack_weights(self) -> int:
         """On CPU, pre-pack every projection and the output head (when tied, a packed copy of
-        the embedding) for oneDNN: same results, faster GEMMs. Returns how many were packed."""
+        the embedding) for a GEMM kernel (see `packed_linear`): faster GEMMs, the same results
+        up to the last bf16 bit. Returns how many were packed."""
         if self.device.type != "cpu" or not weight_packing_available():
             return 0
         tied = self.lm_head is None and self.dtype in PACKABLE_DTYPES

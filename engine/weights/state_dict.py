@@ -63,7 +63,7 @@ def fuse_hf_state_dict(config: ModelConfig, hf: Mapping[str, Tensor],
 def build_model(config: ModelConfig, hf: Mapping[str, Tensor], dtype: torch.dtype,
                 device: torch.device | str = "cpu", pack: bool = True) -> CausalLM:
     """Create a `CausalLM` holding `hf`'s weights in `dtype` on `device`, in eval mode; with
-    `pack` (on CPU) the projections are pre-packed for oneDNN (`CausalLM.pack_weights`).
+    `pack` (on CPU) the projections are pre-packed for a GEMM kernel (`CausalLM.pack_weights`).
 
     The module is built on the meta device (no random init) and the fused tensors are
     assigned, so loading costs one copy per tensor.
