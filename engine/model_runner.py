@@ -13,19 +13,53 @@ from prefixcache.engine.kv_cache import PagedKVCache, calibrate_kv_scales
 from prefixcache.engine.scheduler_output import SchedulerOutput
 from prefixcache.kernels import (
     copy_blocks,
+    get_kernel_backend,
     paged_decode_attention,
     paged_prefill_attention,
     store_kv,
 )
+from prefixcache.kernels.cpu.decoder_layer import PagedStep
 
 
 class PagedAttention:
-    """The model's ``AttentionFn`` for one step: store the new k/v, attend over the pool."""
+    """The model's ``AttentionFn`` for one step: store the new k/v, attend over the pool.
+
+    ``paged_step`` also hands a layer its step inputs for the fused CPU decoder layer
+    (``prefixcache.kernels.cpu.decoder_layer_cpu``), which does the same with the layer's other
+    ops in one compiled call.
+    """
 
     def __init__(self, kv: PagedKVCache, meta: AttentionMetadata, scale: float) -> None:
         self.kv = kv
         self.meta = meta
         self.scale = scale
+        self._step_tensors: dict[str, torch.Tensor | int | float] | None = None
+
+    def paged_step(self, layer_idx: int) -> PagedStep | None:
+        """Layer ``layer_idx``'s inputs for the fused CPU decoder layer, or None where that
+        layer cannot run fused (a quantized or non-CPU pool, the kernel backend not "auto")."""
+        k_cache = self.kv.k[layer_idx]
+        if (
+            self.kv.k_scale[layer_idx] is not None
+            or k_cache.dtype is not torch.bfloat16
+            or not k_cache.is_cpu
+            or get_kernel_backend() != "auto"
+        ):
+            return None
+        if self._step_tensors is None:  # once per step, shared by every layer
+            meta = self.meta
+            rows = lambda t: t.to(torch.int32).contiguous()  # noqa: E731
+            self._step_tensors = {
+                "slot_mapping": meta.slot_mapping.to(torch.int64).contiguous(),
+                "num_decode": meta.num_decode_tokens,
+                "decode_block_tables": rows(meta.decode_block_tables),
+                "decode_seq_lens": rows(meta.decode_seq_lens),
+                "prefill_block_tables": rows(meta.prefill_block_tables),
+                "prefill_query_start_loc": rows(meta.prefill_query_start_loc),
+                "prefill_context_lens": rows(meta.prefill_context_lens),
+                "scale": self.scale,
+            }
+        return PagedStep(k_cache, self.kv.v[layer_idx], **self._step_tensors)
 
     def __call__(
         self,

@@ -6,6 +6,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from prefixcache.kernels.cpu.decoder_layer import LayerWeights
+from prefixcache.kernels.dispatch import cpu_kernels
+
 from ..model_config import ModelConfig
 from .attention_fn import AttentionFn
 from .attention_projection import AttentionProjection
@@ -41,13 +44,23 @@ class DecoderLayer(nn.Module):
         )
         self.post_attention_norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = SwiGLUMLP(config.hidden_size, config.intermediate_size)
+        # (packed weights, LayerWeights or None) for the fused path, see `_fused_weights`
+        self._fused_cache: tuple[tuple[Tensor, ...], LayerWeights | None] | None = None
 
     def forward(self, delta: Tensor, residual: Tensor | None, cos_sin: Tensor,
                 attention: AttentionFn, output_rows: Tensor | None = None,
                 ) -> tuple[Tensor, Tensor]:
         """`delta`, `residual` `[num_tokens, hidden]` (both consumed: written in place) ->
         `(mlp_out, residual)`, each `[num_tokens, hidden]`, or `[len(output_rows), hidden]`
-        when only those rows are asked for (every token's k/v still reaches the attention)."""
+        when only those rows are asked for (every token's k/v still reaches the attention).
+
+        On CPU in bf16, with compiled GEMM weights and an attention that offers `paged_step`
+        (the paged runner over a bf16 pool), all rows run as one fused compiled call
+        (`prefixcache.kernels.cpu.decoder_layer_cpu`): the same kernels, the same results."""
+        if output_rows is None:
+            fused = self._fused(delta, residual, cos_sin, attention)
+            if fused is not None:
+                return fused
         if residual is None:
             residual, normed = delta, self.input_norm(delta)
         else:
@@ -57,6 +70,54 @@ class DecoderLayer(nn.Module):
             residual = residual.index_select(0, output_rows)  # [R, hidden]
         normed = self.post_attention_norm.add_and_norm_(attended, residual)
         return self.mlp(normed), residual
+
+    def _fused(self, delta: Tensor, residual: Tensor | None, cos_sin: Tensor,
+               attention: AttentionFn) -> tuple[Tensor, Tensor] | None:
+        """The fused compiled layer's `(mlp_out, residual)`, or None where it does not apply."""
+        paged_step = getattr(attention, "paged_step", None)
+        if paged_step is None or delta.dtype is not torch.bfloat16 or not delta.is_cpu:
+            return None
+        weights = self._fused_weights()
+        if weights is None:
+            return None
+        step = paged_step(self.attn.layer_idx)
+        if step is None:
+            return None
+        return cpu_kernels().decoder_layer_cpu(delta, residual, cos_sin, weights, step)
+
+    def _fused_weights(self) -> LayerWeights | None:
+        """This layer's weights for the fused call (cached while the packed weights stay the
+        same), or None: a projection not on the compiled GEMM, norms not bf16, or shapes the
+        fused layer does not take."""
+        attn, mlp = self.attn, self.mlp
+        linears = (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)
+        if not all(isinstance(m, PackedLinear) and m.compiled for m in linears):
+            return None
+        cached = self._fused_cache
+        if cached is not None and all(
+            held is m.packed for held, m in zip(cached[0], linears, strict=True)
+        ):
+            return cached[1]
+        norms = (self.input_norm.weight, self.post_attention_norm.weight)
+        usable = all(w.dtype is torch.bfloat16 and w.is_contiguous() for w in norms) and (
+            cpu_kernels().fused_layer_supported(
+                attn.qkv_proj.in_features, attn.num_heads, attn.num_kv_heads, attn.head_dim,
+                mlp.intermediate_size,
+            )
+        )
+        weights = None
+        if usable:
+            weights = LayerWeights(
+                input_norm=self.input_norm.weight.detach(),
+                post_norm=self.post_attention_norm.weight.detach(),
+                eps=self.input_norm.eps, qkv=attn.qkv_proj.packed,
+                qkv_bias=None if attn.qkv_proj.bias is None else attn.qkv_proj.bias.detach(),
+                o=attn.o_proj.packed, gate_up=mlp.gate_up_proj.packed, down=mlp.down_proj.packed,
+                heads=attn.num_heads, kv_heads=attn.num_kv_heads, head_dim=attn.head_dim,
+                intermediate=mlp.intermediate_size,
+            )  # fmt: skip
+        self._fused_cache = (tuple(m.packed for m in linears), weights)
+        return weights
 
 
 class CausalLM(nn.Module):

@@ -1,8 +1,9 @@
 """CPU kernels: C with AVX-512/BF16 intrinsics and OpenMP, compiled with the system gcc at
 first use (see ``build``) and called through ctypes. Paged attention (``paged_attention``) and
 the decoder's elementwise ops on bf16 (``model_ops``: RMSNorm with the residual add, RoPE,
-SiLU-and-mul, KV writes into a bf16 pool) and its bf16 projections (``linear``: a GEMM over a
-weight packed once).
+SiLU-and-mul, KV writes into a bf16 pool), its bf16 projections (``linear``: a GEMM over a
+weight packed once), and all of them chained as one decoder layer per call
+(``decoder_layer``).
 
 ``cpu_attention_available()`` says whether they can run here (x86-64 Linux, AVX-512 F/BW/VL
 and AVX512-BF16, gcc; ``PREFIXCACHE_CPU_KERNELS=0`` turns them off); ``cpu_kernel_supports``
@@ -14,6 +15,12 @@ signatures.
 
 from __future__ import annotations
 
+from prefixcache.kernels.cpu.decoder_layer import (
+    LayerWeights,
+    PagedStep,
+    decoder_layer_cpu,
+    fused_layer_supported,
+)
 from prefixcache.kernels.cpu.linear import cpu_linear_supports, linear_cpu
 from prefixcache.kernels.cpu.model_ops import (
     add_rms_norm_cpu_,
@@ -31,12 +38,16 @@ from prefixcache.kernels.cpu.paged_attention import (
 )
 
 __all__ = [
+    "LayerWeights",
+    "PagedStep",
     "add_rms_norm_cpu_",
     "apply_rotary_cpu_",
     "cpu_attention_available",
     "cpu_kernel_supports",
     "cpu_linear_supports",
     "cpu_model_ops_support",
+    "decoder_layer_cpu",
+    "fused_layer_supported",
     "linear_cpu",
     "paged_decode_attention_cpu",
     "paged_prefill_attention_cpu",

@@ -1,5 +1,6 @@
-"""Compile the CPU kernels (``paged_attention.c``, ``model_ops.c``, ``linear.c``) with the
-system gcc at first use and load them, as one shared library, with ctypes.
+"""Compile the CPU kernels (``paged_attention.c``, ``model_ops.c``, ``linear.c``,
+``decoder_layer.c``) with the system gcc at first use and load them, as one shared library,
+with ctypes.
 
 The shared library is cached as ``$XDG_CACHE_HOME/prefixcache/kernels/<hash>.so`` (default
 ``~/.cache``), the hash covering the sources and header, the compiler command and version, the
@@ -32,7 +33,9 @@ import torch
 log = logging.getLogger(__name__)
 
 _HERE = Path(__file__).parent
-SOURCES = (_HERE / "paged_attention.c", _HERE / "model_ops.c", _HERE / "linear.c")
+SOURCES = tuple(
+    _HERE / name for name in ("paged_attention.c", "model_ops.c", "linear.c", "decoder_layer.c")
+)
 HEADERS = (_HERE / "simd_math.h",)
 REQUIRED_CPU_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_bf16")
 COMPILE_FLAGS = (
@@ -179,6 +182,8 @@ def _declare(lib: ctypes.CDLL) -> None:
         ptr, i64, i64, i64,  # x, row stride, rows, input pairs
         ptr, i64, ptr, ptr, i64, i32,  # packed weight, n_out, bias, out, row stride, threads
     ]  # fmt: skip
+    lib.pc_decoder_layer.restype = i32
+    lib.pc_decoder_layer.argtypes = [ptr]  # layer_args * (decoder_layer.py mirrors it)
     lib.pc_store_kv.restype = i32
     lib.pc_store_kv.argtypes = [
         ptr, i64, i64, ptr, i64, i64,  # k, token stride, head stride, v, ...

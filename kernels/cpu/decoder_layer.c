@@ -1,0 +1,137 @@
+/*
+ * One Llama-family decoder layer over a paged bf16 KV pool, in one call: the kernels of
+ * model_ops.c, linear.c and paged_attention.c run in sequence on per-thread scratch buffers,
+ * with no return to Python between them.
+ *
+ *   normed   = rms_norm(residual += delta)          (first layer: residual is delta itself)
+ *   qkv      = normed Wqkv^T (+ bias); RoPE on q, k; k, v written to their pool slots
+ *   attended = paged attention: decode rows [0, num_decode), then prefill rows
+ *   normed   = rms_norm(residual += attended Wo^T)
+ *   out      = (silu(normed Wgate^T) * normed Wup^T) Wdown^T
+ *
+ * The same roundings as the separate ops, so the results are theirs exactly.
+ */
+#include <stdint.h>
+#include <stdlib.h>
+
+#include "simd_math.h"
+
+/* the kernels this layer chains (model_ops.c, linear.c, paged_attention.c) */
+void pc_rms_norm(const bf16 *x, int64_t x_stride, bf16 *residual, int64_t residual_stride,
+                 const bf16 *weight, bf16 *out, int64_t out_stride, int64_t rows,
+                 int64_t hidden, float eps, int num_threads);
+void pc_rotary(bf16 *x, int64_t token_stride, int64_t head_stride, const bf16 *cos_sin,
+               int64_t cs_stride, int64_t tokens, int64_t num_heads, int64_t head_dim,
+               int num_threads);
+void pc_silu_and_mul(const bf16 *gate_up, int64_t gate_up_stride, bf16 *out,
+                     int64_t out_stride, int64_t rows, int64_t inter, int num_threads);
+int pc_store_kv(const bf16 *k, int64_t k_token_stride, int64_t k_head_stride, const bf16 *v,
+                int64_t v_token_stride, int64_t v_head_stride, bf16 *k_cache, bf16 *v_cache,
+                const int64_t *slots, int64_t tokens, int64_t num_kv_heads, int64_t head_dim,
+                int64_t num_slots);
+void pc_linear(const bf16 *x, int64_t x_stride, int64_t rows, int64_t k_pairs,
+               const bf16 *packed, int64_t n_out, const bf16 *bias, bf16 *out,
+               int64_t out_stride, int num_threads);
+int pa_paged_attention(const bf16 *q, int64_t q_st, int64_t q_sh, const bf16 *k, int64_t k_st,
+                       int64_t k_sh, const bf16 *v, int64_t v_st, int64_t v_sh,
+                       const void *k_cache, const void *v_cache, int kv_type,
+                       const float *k_scale, const float *v_scale, int64_t num_blocks,
+                       const int32_t *bt, int64_t bt_stride, int64_t max_blocks,
+                       const int32_t *starts, const int32_t *lens, int num_seqs,
+                       int64_t num_tokens, bf16 *out, int num_heads, int num_kv_heads,
+                       int head_dim, int block_size, float scale, _Bool decode, int num_threads);
+
+/* Every field 8 bytes (the Python side mirrors this layout with ctypes). */
+typedef struct {
+    int64_t tokens, hidden, heads, kv_heads, head_dim, inter, block_size, num_blocks, threads;
+    bf16 *delta;    /* [tokens][hidden]: the previous block's output (first layer: embedding) */
+    bf16 *residual; /* [tokens][hidden], updated; NULL for the first layer */
+    bf16 *out;      /* [tokens][hidden]: this layer's MLP output */
+    const bf16 *input_norm, *post_norm; /* [hidden] */
+    double eps, scale;
+    const bf16 *qkv_w, *qkv_bias, *o_w, *gate_up_w, *down_w; /* packed (linear.c); bias or NULL */
+    const bf16 *cos_sin;       /* [tokens][2][head_dim] */
+    bf16 *k_cache, *v_cache;   /* [num_blocks][block_size][kv_heads][head_dim] */
+    const int64_t *slots;      /* [tokens], -1 skips */
+    int64_t num_decode;        /* decode rows (one per sequence) come first */
+    const int32_t *decode_tables;
+    int64_t decode_tables_stride, decode_max_blocks;
+    const int32_t *decode_lens; /* [num_decode] */
+    int64_t num_prefill;        /* prefill sequences */
+    const int32_t *prefill_tables;
+    int64_t prefill_tables_stride, prefill_max_blocks;
+    const int32_t *prefill_starts;  /* [num_prefill + 1], rows relative to num_decode */
+    const int32_t *prefill_context; /* [num_prefill] */
+} layer_args;
+
+static __thread bf16 *tls_buf = NULL;
+static __thread int64_t tls_elems = 0;
+
+/* The calling thread's scratch of at least n bf16 elements (grown, never shrunk). */
+static bf16 *scratch_bf16(int64_t n) {
+    if (n > tls_elems) {
+        free(tls_buf);
+        n += n / 4;
+        tls_buf = aligned_alloc(64, (size_t)((n * 2 + 63) / 64 * 64));
+        tls_elems = tls_buf ? n : 0;
+    }
+    return tls_buf;
+}
+
+/* Frees the calling thread's scratch. */
+void pc_release_layer_scratch(void) {
+    free(tls_buf);
+    tls_buf = NULL;
+    tls_elems = 0;
+}
+
+/* Runs the layer; returns 0, -7 for a slot outside the pool (nothing written to the pool),
+ * -5 out of memory, or pa_paged_attention's error code (the pool already holds this layer's
+ * new k/v then). */
+int pc_decoder_layer(const layer_args *a) {
+    const int64_t T = a->tokens, H = a->hidden, D = a->head_dim, nt = a->threads;
+    const int64_t qkv_w = (a->heads + 2 * a->kv_heads) * D, attn_w = a->heads * D;
+    const int64_t gu_w = 2 * a->inter;
+    /* scratch: normed [T][H], qkv [T][qkv_w], attended [T][attn_w], gate_up [T][gu_w], act */
+    const int64_t n_normed = T * H, n_qkv = T * qkv_w, n_attn = T * attn_w, n_gu = T * gu_w;
+    bf16 *buf = scratch_bf16(n_normed + n_qkv + n_attn + n_gu + T * a->inter);
+    if (!buf) return -5;
+    bf16 *normed = buf, *qkv = normed + n_normed, *attended = qkv + n_qkv;
+    bf16 *gate_up = attended + n_attn, *act = gate_up + n_gu;
+    const float eps = (float)a->eps;
+
+    bf16 *residual = a->residual ? a->residual : a->delta;
+    pc_rms_norm(a->delta, H, a->residual, H, a->input_norm, normed, H, T, H, eps, (int)nt);
+    pc_linear(normed, H, T, H / 2, a->qkv_w, qkv_w, a->qkv_bias, qkv, qkv_w, (int)nt);
+    pc_rotary(qkv, qkv_w, D, a->cos_sin, 2 * D, T, a->heads + a->kv_heads, D, (int)nt);
+    const bf16 *k = qkv + a->heads * D, *v = k + a->kv_heads * D;
+    if (pc_store_kv(k, qkv_w, D, v, qkv_w, D, a->k_cache, a->v_cache, a->slots, T, a->kv_heads,
+                    D, a->num_blocks * a->block_size))
+        return -7;
+    const int64_t nd = a->num_decode;
+    int err = 0;
+    if (nd > 0)
+        err = pa_paged_attention(qkv, qkv_w, D, qkv, qkv_w, D, qkv, qkv_w, D, a->k_cache,
+                                 a->v_cache, 0, NULL, NULL, a->num_blocks, a->decode_tables,
+                                 a->decode_tables_stride, a->decode_max_blocks, NULL,
+                                 a->decode_lens, (int)nd, nd, attended, (int)a->heads,
+                                 (int)a->kv_heads, (int)D, (int)a->block_size, (float)a->scale,
+                                 1, (int)nt);
+    if (!err && a->num_prefill > 0)
+        err = pa_paged_attention(qkv + nd * qkv_w, qkv_w, D, k + nd * qkv_w, qkv_w, D,
+                                 v + nd * qkv_w, qkv_w, D, a->k_cache, a->v_cache, 0, NULL, NULL,
+                                 a->num_blocks, a->prefill_tables, a->prefill_tables_stride,
+                                 a->prefill_max_blocks, a->prefill_starts, a->prefill_context,
+                                 (int)a->num_prefill, T - nd, attended + nd * attn_w,
+                                 (int)a->heads, (int)a->kv_heads, (int)D, (int)a->block_size,
+                                 (float)a->scale, 0, (int)nt);
+    if (err) return err;
+    /* the o projection lands in act's space, free until the MLP */
+    bf16 *projected = gate_up;
+    pc_linear(attended, attn_w, T, attn_w / 2, a->o_w, H, NULL, projected, H, (int)nt);
+    pc_rms_norm(projected, H, residual, H, a->post_norm, normed, H, T, H, eps, (int)nt);
+    pc_linear(normed, H, T, H / 2, a->gate_up_w, gu_w, NULL, gate_up, gu_w, (int)nt);
+    pc_silu_and_mul(gate_up, gu_w, act, a->inter, T, a->inter, (int)nt);
+    pc_linear(act, a->inter, T, a->inter / 2, a->down_w, H, NULL, a->out, H, (int)nt);
+    return 0;
+}

@@ -1,0 +1,75 @@
+"""The fused compiled decoder layer gives bitwise the logits of the same compiled ops run one by
+one, over every kind of step: prefix hits, chunked prefill, decode batches, n > 1 forks."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from kernel_calls import record_calls
+
+from prefixcache.engine.llm import LLM
+from prefixcache.engine.model_runner import PagedAttention
+from prefixcache.engine.sampling_params import SamplingParams
+from prefixcache.kernels.dispatch import cpu_kernels
+
+if not cpu_kernels().cpu_attention_available():
+    pytest.skip("the compiled CPU kernels are unavailable here", allow_module_level=True)
+
+SYSTEM = [(7 * i) % 300 + 1 for i in range(37)]
+PROMPTS = [[*SYSTEM, 11, 12, 13], [*SYSTEM, *range(40, 61)], [*SYSTEM, 99], SYSTEM[:20]]
+
+
+def step_logits(folder: Path, monkeypatch: pytest.MonkeyPatch, fused: bool) -> list[torch.Tensor]:
+    """Every step's logits: the prompts one at a time (prefix hits), then all together with
+    n = 2 (a decode batch next to chunked prefills, forks copying the partial block)."""
+    if not fused:
+        monkeypatch.setattr(PagedAttention, "paged_step", lambda self, layer_idx: None)
+    llm = LLM(str(folder), dtype="bfloat16", num_blocks=96, block_size=4,
+              max_num_batched_tokens=24)  # fmt: skip
+    recorded: list[torch.Tensor] = []
+    execute = llm.engine.runner.execute
+    llm.engine.runner.execute = lambda out: recorded.append(execute(out)) or recorded[-1]
+    for prompt in PROMPTS:
+        llm.generate([prompt], SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True))
+    llm.generate(PROMPTS, SamplingParams(n=2, max_tokens=6, temperature=0.8, seed=3,
+                                         ignore_eos=True))  # fmt: skip
+    llm.cache.check_invariants()
+    assert llm.stats()["in_use"] == 0 and llm.stats()["hit_tokens"] > 0
+    monkeypatch.undo()
+    return recorded
+
+
+def test_fused_layers_give_bitwise_the_same_logits(
+    tiny_llama_hd64_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls = record_calls(monkeypatch, cpu_kernels(), ["decoder_layer_cpu"])
+    fused = step_logits(tiny_llama_hd64_dir, monkeypatch, fused=True)
+    assert calls, "the fused layer did not run"
+    calls = record_calls(monkeypatch, cpu_kernels(), ["decoder_layer_cpu"])
+    separate = step_logits(tiny_llama_hd64_dir, monkeypatch, fused=False)
+    assert not calls
+    assert len(fused) == len(separate)
+    for got, expected in zip(fused, separate, strict=True):
+        assert torch.equal(got, expected)
+
+
+def test_a_bad_slot_raises_and_the_engine_keeps_serving(tiny_llama_hd64_dir: Path) -> None:
+    llm = LLM(str(tiny_llama_hd64_dir), dtype="bfloat16", num_blocks=32, block_size=4)
+    weights = llm.engine.runner.model.layers[0]._fused_weights()
+    assert weights is not None
+    kv = llm.engine.runner.kv
+    step = cpu_kernels().PagedStep(
+        kv.k[0], kv.v[0], torch.tensor([10_000], dtype=torch.int64), 0,
+        torch.zeros(0, 1, dtype=torch.int32), torch.zeros(0, dtype=torch.int32),
+        torch.zeros(1, 1, dtype=torch.int32), torch.tensor([0, 1], dtype=torch.int32),
+        torch.zeros(1, dtype=torch.int32), 0.125,
+    )  # fmt: skip
+    hidden = llm.engine.runner.model.config.hidden_size
+    delta = torch.zeros(1, hidden, dtype=torch.bfloat16)
+    cos_sin = torch.zeros(1, 2, weights.head_dim, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="slot"):
+        cpu_kernels().decoder_layer_cpu(delta, None, cos_sin, weights, step)
+    out = llm.generate([[1, 2, 3]], SamplingParams(max_tokens=3, temperature=0.0))
+    assert len(out[0].token_ids) == 3 and llm.stats()["in_use"] == 0
