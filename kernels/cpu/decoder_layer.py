@@ -8,7 +8,8 @@ the separate compiled ops bit for bit.
 
 ``PagedStep`` carries one step's attention inputs, ``LayerWeights`` one layer's weights (the
 projections packed by ``pack_linear_weight``); ``fused_layer_supported`` says whether a layer
-of those shapes can run here.
+of those shapes can run here. The intermediate activations live in a per-thread scratch buffer,
+grown to the largest step and reused; ``release_layer_scratch()`` frees the calling thread's.
 """
 
 from __future__ import annotations
@@ -104,6 +105,13 @@ def fused_layer_supported(hidden: int, heads: int, kv_heads: int, head_dim: int,
         and intermediate % 2 == 0
         and load_library() is not None
     )
+
+
+def release_layer_scratch() -> None:
+    """Free the calling thread's scratch buffer (no-op when the kernels are unavailable)."""
+    lib = load_library()
+    if lib is not None:
+        lib.pc_release_layer_scratch()
 
 
 def _rows(name: str, x: torch.Tensor, shape: tuple[int, ...]) -> int:

@@ -12,6 +12,7 @@ from kernel_calls import record_calls
 from prefixcache.engine.llm import LLM
 from prefixcache.engine.model_runner import PagedAttention
 from prefixcache.engine.sampling_params import SamplingParams
+from prefixcache.kernels.cpu.decoder_layer import release_layer_scratch
 from prefixcache.kernels.dispatch import cpu_kernels
 
 if not cpu_kernels().cpu_attention_available():
@@ -73,3 +74,6 @@ def test_a_bad_slot_raises_and_the_engine_keeps_serving(tiny_llama_hd64_dir: Pat
         cpu_kernels().decoder_layer_cpu(delta, None, cos_sin, weights, step)
     out = llm.generate([[1, 2, 3]], SamplingParams(max_tokens=3, temperature=0.0))
     assert len(out[0].token_ids) == 3 and llm.stats()["in_use"] == 0
+    release_layer_scratch()  # freed, then grown again by the next step
+    again = llm.generate([[1, 2, 3]], SamplingParams(max_tokens=3, temperature=0.0))
+    assert again[0].token_ids == out[0].token_ids
