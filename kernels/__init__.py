@@ -7,7 +7,9 @@ bf16, int8 or fp8 pools) where it applies on CPU, and the pure-torch reference e
 Pools may be quantized (fp8 e4m3 or int8, scaled, see ``prefixcache.kernels.quantization``):
 ``store_kv`` quantizes, attention dequantizes. The elementwise ops (``rms_norm``,
 ``add_rms_norm_``, ``apply_rotary_``, ``silu_and_mul``, see ``prefixcache.kernels.model_ops``)
-run compiled on bf16 CPU tensors, in torch elsewhere.
+run compiled on bf16 CPU tensors, in torch elsewhere. ``prefixcache.kernels.cpu`` also holds
+a bf16 GEMM over weights packed once (``linear_cpu``, oracle in ``reference.linear``) and a
+whole decoder layer in one call (``decoder_layer_cpu``), which the engine calls directly.
 Never imports the engine or the integrations.
 """
 
