@@ -13,7 +13,7 @@ CPU_ATTENTION_NAMES = ("paged_prefill_attention_cpu", "paged_decode_attention_cp
 CPU_MODEL_OP_NAMES = (
     "rms_norm_cpu", "add_rms_norm_cpu_", "apply_rotary_cpu_", "silu_and_mul_cpu", "store_kv_cpu",
 )  # fmt: skip
-CPU_LINEAR_NAMES = ("linear_cpu", "decoder_layer_cpu")
+CPU_GEMM_AND_LAYER_NAMES = ("linear_cpu", "decoder_layer_cpu")
 
 
 def record_calls(
@@ -35,5 +35,5 @@ def record_calls(
 
 def record_cpu_kernel_calls(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """``record_calls`` on the compiled CPU kernels (attention, elementwise ops, GEMM)."""
-    names = CPU_ATTENTION_NAMES + CPU_MODEL_OP_NAMES + CPU_LINEAR_NAMES
+    names = CPU_ATTENTION_NAMES + CPU_MODEL_OP_NAMES + CPU_GEMM_AND_LAYER_NAMES
     return record_calls(monkeypatch, cpu_kernels(), names)

@@ -3,7 +3,7 @@
 with ctypes.
 
 The shared library is cached as ``$XDG_CACHE_HOME/prefixcache/kernels/<hash>.so`` (default
-``~/.cache``), the hash covering the sources and header, the compiler command and version, the
+``~/.cache``), the hash covering the sources and headers, the compiler command and version, the
 CPU flags and the OpenMP runtime it links; it is written to a temporary file and renamed into
 place, so concurrent processes never see a partial file. The library is linked against the
 OpenMP runtime torch itself loaded (the ``libgomp`` bundled in pip wheels), so torch and the
@@ -36,7 +36,7 @@ _HERE = Path(__file__).parent
 SOURCES = tuple(
     _HERE / name for name in ("paged_attention.c", "model_ops.c", "linear.c", "decoder_layer.c")
 )
-HEADERS = (_HERE / "simd_math.h",)
+HEADERS = (_HERE / "cpu_kernels.h", _HERE / "simd_math.h")
 REQUIRED_CPU_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_bf16")
 COMPILE_FLAGS = (
     "-O3", "-fPIC", "-std=gnu11", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq",

@@ -20,13 +20,10 @@ from dataclasses import dataclass
 import torch
 
 from prefixcache.kernels.cpu.build import load_library
+from prefixcache.kernels.cpu.paged_attention import ATTENTION_ERRORS
 
-_ERRORS = {
-    -3: "a block table has fewer columns than its sequence needs",
-    -4: "a block table entry is outside the pool",
-    -5: "out of memory for the layer's scratch",
-    -7: "slot_mapping has a slot outside the pool",
-}
+# the attention kernel's codes (it runs inside the layer), and the layer's own
+_ERRORS = {**ATTENTION_ERRORS, -7: "slot_mapping has a slot outside the pool"}
 
 
 @dataclass(frozen=True)

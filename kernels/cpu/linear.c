@@ -15,6 +15,7 @@
 #include <omp.h>
 #include <stdint.h>
 
+#include "cpu_kernels.h"
 #include "simd_math.h"
 
 #define STRIP 64  /* output columns per packed strip */

@@ -13,6 +13,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "cpu_kernels.h"
 #include "simd_math.h"
 
 #define PARALLEL_MIN_ELEMENTS 65536 /* below this, one thread is faster than waking a team */

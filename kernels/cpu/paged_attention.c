@@ -36,6 +36,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cpu_kernels.h"
 #include "simd_math.h"
 
 #define KB 64        /* keys per online-softmax step */

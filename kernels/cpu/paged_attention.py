@@ -21,7 +21,7 @@ import torch
 from prefixcache.kernels.cpu.build import load_library
 from prefixcache.kernels.quantization import FP8_DTYPE, full_scale, is_quantized
 
-_ERRORS = {
+ATTENTION_ERRORS = {  # the kernel's negative return codes
     -1: "query_start_loc must be non-decreasing within [0, num_tokens]",
     -2: "lengths must be non-negative",
     -3: "block_tables has fewer columns than the longest sequence needs",
@@ -207,7 +207,7 @@ def _call(
         scale, starts is None, torch.get_num_threads(),
     )  # fmt: skip
     if status:
-        raise ValueError(_ERRORS.get(status, f"CPU attention kernel failed ({status})"))
+        raise ValueError(ATTENTION_ERRORS.get(status, f"CPU attention kernel failed ({status})"))
     return out
 
 

@@ -11,7 +11,7 @@
 #include <immintrin.h>
 #include <stdint.h>
 
-typedef uint16_t bf16;
+typedef uint16_t bf16; /* also in cpu_kernels.h: C11 allows the identical repeat */
 
 #define INLINE static inline __attribute__((always_inline))
 

@@ -1,0 +1,40 @@
+/*
+ * The compiled CPU kernels each source exports, declared once: decoder_layer.c chains them, and
+ * every source includes this header so the compiler checks its definitions against it. The
+ * contracts are at the definitions (model_ops.c, linear.c, paged_attention.c).
+ */
+#ifndef PREFIXCACHE_CPU_KERNELS_H
+#define PREFIXCACHE_CPU_KERNELS_H
+
+#include <stdint.h>
+
+typedef uint16_t bf16;
+
+/* model_ops.c */
+void pc_rms_norm(const bf16 *x, int64_t x_stride, bf16 *residual, int64_t residual_stride,
+                 const bf16 *weight, bf16 *out, int64_t out_stride, int64_t rows,
+                 int64_t hidden, float eps, int num_threads);
+void pc_rotary(bf16 *x, int64_t token_stride, int64_t head_stride, const bf16 *cos_sin,
+               int64_t cs_stride, int64_t tokens, int64_t num_heads, int64_t head_dim,
+               int num_threads);
+void pc_silu_and_mul(const bf16 *gate_up, int64_t gate_up_stride, bf16 *out,
+                     int64_t out_stride, int64_t rows, int64_t inter, int num_threads);
+int pc_store_kv(const bf16 *k, int64_t k_token_stride, int64_t k_head_stride, const bf16 *v,
+                int64_t v_token_stride, int64_t v_head_stride, bf16 *k_cache, bf16 *v_cache,
+                const int64_t *slots, int64_t tokens, int64_t num_kv_heads, int64_t head_dim,
+                int64_t num_slots);
+/* linear.c */
+void pc_linear(const bf16 *x, int64_t x_stride, int64_t rows, int64_t k_pairs,
+               const bf16 *packed, int64_t n_out, const bf16 *bias, bf16 *out,
+               int64_t out_stride, int num_threads);
+/* paged_attention.c */
+int pa_paged_attention(const bf16 *q, int64_t q_st, int64_t q_sh, const bf16 *k, int64_t k_st,
+                       int64_t k_sh, const bf16 *v, int64_t v_st, int64_t v_sh,
+                       const void *k_cache, const void *v_cache, int kv_type,
+                       const float *k_scale, const float *v_scale, int64_t num_blocks,
+                       const int32_t *bt, int64_t bt_stride, int64_t max_blocks,
+                       const int32_t *starts, const int32_t *lens, int num_seqs,
+                       int64_t num_tokens, bf16 *out, int num_heads, int num_kv_heads,
+                       int head_dim, int block_size, float scale, _Bool decode, int num_threads);
+
+#endif
