@@ -8,8 +8,9 @@ Built from keyword arguments, the model also loads on that worker thread, so one
 all of the engine's torch work. On CPU this matters: the OpenMP runtime torch uses keeps a
 thread pool per thread that ran parallel work, and once the pools together hold more threads
 than there are cores, idle pool threads stop spinning and every parallel region (each matmul,
-each attention call) first has to wake them. Measured on 2 cores, decoding one sequence: 21 ms
-a token with one pool, 30 ms with a second pool left by loading the model on another thread.
+each attention call) first has to wake them. On 2 cores, decoding one sequence: 12.4 ms a token
+with one pool, 19.1 ms with a second pool left by loading the model on another thread
+(``benchmarks/async_engine.py``).
 """
 
 from __future__ import annotations
