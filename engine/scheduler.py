@@ -3,9 +3,10 @@
 Each step the scheduler (1) continues running requests — one decode token each, or the next
 prefill chunk — allocating blocks and copying shared blocks on write, preempting the newest
 request when the pool runs dry; (2) admits waiting requests: a prefix match reuses cached
-blocks (capped so the last prompt token is always computed) and blocks are allocated for the
-first chunk; (3) after the runner ran, commits newly filled blocks to the tree, so later
-requests — and this one, if preempted — hit them.
+blocks (capped so the last prompt token is always computed), a cached block that shares the
+next few tokens is copied, and blocks are allocated for the first chunk; (3) after the runner
+ran, commits newly filled blocks to the tree, so later requests — and this one, if
+preempted — hit them.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from __future__ import annotations
 import time
 from collections import deque
 
-from prefixcache import CacheFull, PrefixCache
+from prefixcache import CacheFull, CopyOp, PrefixCache
 from prefixcache.engine.request import Request, RequestStatus
 from prefixcache.engine.scheduler_output import ScheduledSequence, SchedulerOutput
 from prefixcache.engine.scheduling_policy import SchedulingPolicy
@@ -67,7 +68,7 @@ class Scheduler:
             for request in self.policy.order(self.waiting, self.cache, self.step_count):
                 if budget <= 0 or len(self.running) >= self.max_num_seqs:
                     break
-                num_new = self._admit(request, budget)
+                num_new = self._admit(request, budget, out)
                 if num_new is None:
                     break
                 self.waiting.remove(request)
@@ -110,23 +111,35 @@ class Scheduler:
             return False
         return True
 
-    def _admit(self, request: Request, budget: int) -> int | None:
+    def _admit(self, request: Request, budget: int, out: SchedulerOutput) -> int | None:
         """Match the prefix, allocate the first chunk's blocks, move to running; returns the
-        chunk size, or None (nothing changed) when the pool cannot hold the chunk."""
+        chunk size, or None (nothing changed) when the pool cannot hold the chunk.
+
+        A cached block that shares the prompt's next tokens past the full-block match (fewer
+        than a block) is copied into the request's first new block, so those tokens are not
+        computed again."""
         cached: list[int] = []
         num_cached = 0
+        partial: int | None = None
         if self.enable_prefix_caching:
             match = self.cache.match(
-                request.all_tokens, request.salt, max_tokens=request.num_tokens - 1
+                request.all_tokens, request.salt, max_tokens=request.num_tokens - 1,
+                partial_block=True,
             )
-            cached, num_cached = match.block_ids, match.num_tokens
+            cached, partial = match.block_ids, match.partial_block
+            num_cached = match.num_tokens + match.partial_tokens
         num_new = min(request.num_tokens - num_cached, budget)
         need = -(-(num_cached + num_new) // self.block_size) - len(cached)
         try:
             fresh = self.cache.allocate(need)
         except CacheFull:
-            self.cache.release(cached)
+            self.cache.release(cached if partial is None else [*cached, partial])
             return None
+        if partial is not None:
+            # the runner copies before the step writes anything, so the source may be freed
+            # (even reallocated) by the time it runs
+            out.copy_ops.append(CopyOp(partial, fresh[0]))
+            self.cache.release([partial])
         request.block_ids = cached + fresh
         request.num_computed_tokens = num_cached
         request.num_committed_blocks = len(cached)

@@ -26,10 +26,17 @@ EVICTION_POLICIES = ("lru",)
 
 
 class PrefixMatch(NamedTuple):
-    """A cache hit: ``block_ids`` hold the first ``num_tokens`` tokens (full blocks only)."""
+    """A cache hit: ``block_ids`` hold the first ``num_tokens`` tokens (full blocks only).
+
+    With ``match(partial_block=True)``, ``partial_block`` may name a cached block whose first
+    ``partial_tokens`` tokens (fewer than a block) are the next tokens of the prompt: copy it
+    into a block of the request's own (it is shared and immutable), then release it.
+    """
 
     block_ids: list[int]
     num_tokens: int
+    partial_block: int | None = None
+    partial_tokens: int = 0
 
 
 class CopyOp(NamedTuple):
@@ -87,23 +94,40 @@ class PrefixCache:
         salt: str | None = None,
         max_tokens: int | None = None,
         extra_keys: Sequence[Hashable] = (),
+        partial_block: bool = False,
     ) -> PrefixMatch:
-        """Longest cached prefix of ``token_ids[:max_tokens]`` in full blocks.
+        """Longest cached prefix of ``token_ids[:max_tokens]`` in full blocks, and with
+        ``partial_block`` the cached block after them that shares the most next tokens.
 
-        Takes one reference on each matched block (release them when done) and refreshes the
-        path's recency. Counts ``query_tokens`` (the whole prompt) and ``hit_tokens``.
+        Takes one reference on each matched block, the partial one included (release them
+        when done), and refreshes the path's recency. Counts ``query_tokens`` (the whole
+        prompt) and ``hit_tokens`` (the partial block's shared tokens too).
         """
         tokens = as_token_array(token_ids)
         path = self._walk(tokens, salt, extra_keys, max_tokens)
         self.query_tokens += len(tokens)
-        if not path.num_blocks:
+        partial = None
+        if partial_block:
+            limit = len(tokens) if max_tokens is None else min(len(tokens), max(0, max_tokens))
+            partial = self.tree.partial_next(
+                self._namespace(salt, extra_keys), path, tokens, limit
+            )
+        if not path.num_blocks and partial is None:
             return PrefixMatch([], 0)
         ids = path.block_ids()
         self.pool.acquire_unique(ids)
         self._touch(path)
         num_tokens = path.num_blocks * self.block_size
-        self.hit_tokens += num_tokens
-        return PrefixMatch(ids.tolist(), num_tokens)
+        if partial is None:
+            self.hit_tokens += num_tokens
+            return PrefixMatch(ids.tolist(), num_tokens)
+        block, shared = partial
+        self.pool.acquire_unique(np.array([block], dtype=np.int32))
+        holder = self.tree.nodes[int(self.tree.node_of[block])]
+        assert holder is not None
+        self._refresh(holder)  # a leaf whose last block this is stops being evictable
+        self.hit_tokens += num_tokens + shared
+        return PrefixMatch(ids.tolist(), num_tokens, block, shared)
 
     def lookup(
         self, token_ids: TokenIds, salt: str | None = None, extra_keys: Sequence[Hashable] = ()

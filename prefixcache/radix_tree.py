@@ -130,6 +130,41 @@ class RadixTree:
             node = child
         return PathMatch(steps, pos, parent_hash)
 
+    def partial_next(
+        self,
+        name: NamespaceName,
+        path: PathMatch,
+        tokens: np.ndarray,  # [num_tokens] int32
+        limit: int,
+    ) -> tuple[int, int] | None:
+        """The cached block right after ``path`` whose leading tokens agree longest with
+        ``tokens[path_end:limit]``: ``(block id, tokens shared)``, 1 <= shared < block_size, or
+        None. Candidates are the next block of the last matched node when the match ended
+        inside it, else the first block of every child of that node (of the root when nothing
+        matched). The KV of a block's first ``shared`` tokens depends only on the prefix, so a
+        copy of them serves ``tokens`` too."""
+        bs = self.block_size
+        start = path.num_blocks * bs
+        want = min(limit - start, bs - 1)
+        if want <= 0:
+            return None
+        if path.steps and path.steps[-1][1] < len(path.steps[-1][0].block_ids):
+            node, matched = path.steps[-1]
+            candidates = node.block_ids[matched : matched + 1]
+        else:
+            parent = path.steps[-1][0] if path.steps else self.roots.get(name)
+            if parent is None or not parent.children:
+                return None
+            candidates = np.fromiter(
+                (child.block_ids[0] for child in parent.children.values()), dtype=np.int32
+            )
+        agree = self.tokens[candidates, :want] == tokens[start : start + want]  # [n, want]
+        shared = np.where(agree.all(axis=1), want, agree.argmin(axis=1))  # [n]
+        best = int(shared.argmax())
+        if shared[best] == 0:
+            return None
+        return int(candidates[best]), int(shared[best])
+
     # ------------------------------------------------------------------ insert
     def plan_insert(self, name: NamespaceName, tokens: np.ndarray, num_blocks: int) -> InsertPlan:
         """Find where blocks ``path.num_blocks .. num_blocks - 1`` of ``tokens`` would attach."""

@@ -114,3 +114,87 @@ def test_uncached_duplicate_keeps_its_refs(cache: PrefixCache) -> None:
     assert cache.copy_on_write(ids[0]) == (ids[0], None)
     cache.release(ids)
     assert cache.stats()["free"] == 5
+
+
+# ---------------------------------------------------------------- partial_block=True
+
+
+def test_partial_block_off_by_default(cache: PrefixCache) -> None:
+    """Without partial_block the match stops at full blocks, as before."""
+    m = cache.match([1, 1, 2, 9])
+    assert (m.num_tokens, m.partial_block, m.partial_tokens) == (2, None, 0)
+
+
+@pytest.mark.parametrize(
+    ("query", "full_blocks", "shared"),
+    [
+        ([1, 1, 2, 9], 1, 1),  # ends inside the node: its next block
+        ([1, 1, 2, 2, 3, 9], 2, 1),
+        ([1, 9], 0, 1),  # nothing full: a child of the root
+        ([1, 1, 9, 9], 1, 0),  # the next block differs at once: no partial hit
+        ([*LONG, 3], 3, 0),  # nothing cached after the path
+    ],
+)
+def test_partial_block_shares_the_next_tokens(
+    cache: PrefixCache, query: list[int], full_blocks: int, shared: int
+) -> None:
+    """The cached block right after the full match that agrees with the query's next tokens
+    comes back with how many agree, and is held (ref 1) until released."""
+    path = cache.match(LONG).block_ids
+    cache.release(path)
+    m = cache.match(query, partial_block=True)
+    assert m.block_ids == path[:full_blocks] and m.num_tokens == full_blocks * BS
+    assert m.partial_tokens == shared
+    if shared:
+        assert m.partial_block == path[full_blocks]
+        assert cache.pool.ref[m.partial_block] == 1
+        cache.release([m.partial_block])
+    else:
+        assert m.partial_block is None
+    cache.release(m.block_ids)
+    assert cache.stats()["in_use"] == 0
+    cache.check_invariants()
+
+
+def test_partial_block_picks_the_child_that_agrees_longest() -> None:
+    """Among the children after the match, the one sharing the most leading tokens wins."""
+    cache = PrefixCache(16, block_size=4)
+    system = [5, 5, 5, 5]
+    blocks = {tail[0]: cache_prompt(cache, [*system, *tail])[1] for tail in (
+        [1, 2, 3, 4], [2, 2, 3, 4], [2, 2, 9, 4], [3, 3, 3, 3],
+    )}  # fmt: skip
+    hits = cache.stats()["hit_tokens"]
+    m = cache.match([*system, 2, 2, 9, 0, 0], partial_block=True)
+    assert m.num_tokens == 4 and m.partial_tokens == 3
+    assert m.partial_block not in (blocks[1], blocks[3])
+    assert cache.tree.tokens[m.partial_block].tolist() == [2, 2, 9, 4]
+    assert cache.stats()["hit_tokens"] == hits + 7
+    cache.release([*m.block_ids, m.partial_block])
+    cache.check_invariants()
+
+
+@pytest.mark.parametrize(
+    ("max_tokens", "full", "shared"),
+    [(2, 0, 2), (3, 0, 3), (4, 4, 0), (5, 4, 1), (7, 4, 3), (8, 8, 0)],
+)
+def test_partial_block_respects_max_tokens(max_tokens: int, full: int, shared: int) -> None:
+    """max_tokens caps the partial tokens too (the engine keeps the last prompt token to
+    compute); a partial hit never covers a whole block."""
+    cache = PrefixCache(8, block_size=4)
+    cache_prompt(cache, [1, 2, 3, 4, 5, 6, 7, 8])
+    m = cache.match([1, 2, 3, 4, 5, 6, 7, 8, 9], max_tokens=max_tokens, partial_block=True)
+    assert (m.num_tokens, m.partial_tokens) == (full, shared)
+    cache.release(m.block_ids if m.partial_block is None else [*m.block_ids, m.partial_block])
+    cache.check_invariants()
+
+
+def test_a_held_partial_block_is_not_evicted() -> None:
+    """The partial block's reference keeps it out of eviction until released."""
+    cache = PrefixCache(3, block_size=2)
+    first, second = cache_prompt(cache, [1, 1, 2, 2])
+    m = cache.match([1, 1, 2, 7], partial_block=True)
+    assert (m.block_ids, m.partial_block, m.partial_tokens) == ([first], second, 1)
+    assert cache.can_allocate(1) and not cache.can_allocate(2)
+    cache.release([*m.block_ids, second])
+    assert cache.can_allocate(3)
+    cache.check_invariants()

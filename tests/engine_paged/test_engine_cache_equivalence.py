@@ -126,3 +126,31 @@ def test_warm_then_pin_survives_pressure(tiny_llama_dir: Path) -> None:
     out = llm.generate([[*system, 5, 6]], GREEDY)[0]
     assert out.num_cached_tokens == 32
     assert_idle_and_consistent(llm)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_partial_block_hits_are_token_exact(tiny_llama_hd64_dir: Path, dtype: str) -> None:
+    """A prompt that shares only the first tokens of a cached block copies that block and
+    computes from the first differing token: num_cached_tokens is not a block multiple, and
+    the answers equal the uncached engine's, alone or admitted together under pressure (a
+    copied source may be evicted and reused within the step that copies it)."""
+    base = [(5 * i) % 200 + 3 for i in range(8)]  # two blocks of 4
+    first = [*base, 21, 22, 23, 24, 25]  # caches a third block [21, 22, 23, 24]
+    followers = [[*base, 21, 22, 30 + j, 31, 32] for j in range(3)]  # share 2 of its tokens
+    kwargs = dict(dtype=dtype, block_size=4)
+    uncached = LLM(str(tiny_llama_hd64_dir), enable_prefix_caching=False, num_blocks=64, **kwargs)
+    expected = [uncached.generate([p], GREEDY)[0].token_ids for p in (first, *followers)]
+
+    llm = LLM(str(tiny_llama_hd64_dir), num_blocks=64, **kwargs)
+    assert llm.generate([first], GREEDY)[0].token_ids == expected[0]
+    out = llm.generate([followers[0]], GREEDY)[0]
+    assert out.num_cached_tokens == 10  # 2 full blocks + 2 tokens of the third
+    assert out.token_ids == expected[1]
+    assert_idle_and_consistent(llm)
+
+    tight = LLM(str(tiny_llama_hd64_dir), num_blocks=12, **kwargs)
+    tight.generate([first], GREEDY)
+    outputs = tight.generate(followers, GREEDY)
+    assert [o.token_ids for o in outputs] == expected[1:]
+    assert outputs[0].num_cached_tokens == 10
+    assert_idle_and_consistent(tight)
