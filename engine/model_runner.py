@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import torch
 
+from prefixcache import CopyOp
 from prefixcache.engine.attention_metadata import AttentionMetadata, build_attention_metadata
 from prefixcache.engine.kv_cache import PagedKVCache, calibrate_kv_scales
 from prefixcache.engine.scheduler_output import SchedulerOutput
@@ -19,6 +20,24 @@ from prefixcache.kernels import (
     store_kv,
 )
 from prefixcache.kernels.cpu.decoder_layer import PagedStep
+
+
+def copy_waves(ops: list[CopyOp]) -> list[list[list[int]]]:
+    """``ops`` as batches of ``[src, dst]`` pairs to run one after another, in order, with no
+    batch writing a block it also reads (``copy_blocks`` runs a batch's pairs at once). A
+    block one op reads can be freed and handed out as another op's destination in the same
+    step: the read comes first."""
+    waves: list[list[list[int]]] = []
+    reads: set[int] = set()
+    writes: set[int] = set()
+    for op in ops:
+        if not waves or op.dst in reads or op.src in writes:
+            waves.append([])
+            reads, writes = set(), set()
+        waves[-1].append([op.src, op.dst])
+        reads.add(op.src)
+        writes.add(op.dst)
+    return waves
 
 
 class PagedAttention:
@@ -127,10 +146,8 @@ class ModelRunner:
     @torch.inference_mode()
     def execute(self, out: SchedulerOutput) -> torch.Tensor:  # [num_sampled, vocab] float32
         """Logits (on the CPU, for the sampler) of the rows that sample this step."""
-        if out.copy_ops:
-            pairs = torch.tensor(
-                [[op.src, op.dst] for op in out.copy_ops], dtype=torch.int64, device=self.device
-            )
+        for wave in copy_waves(out.copy_ops):
+            pairs = torch.tensor(wave, dtype=torch.int64, device=self.device)  # [n, 2]
             for k_cache, v_cache in zip(self.kv.k, self.kv.v, strict=True):
                 copy_blocks(k_cache, v_cache, pairs)
         meta = build_attention_metadata(out, self.kv.block_size).to(self.device)

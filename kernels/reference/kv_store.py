@@ -32,6 +32,9 @@ def store_kv_reference(
         flat.index_copy_(0, slots.long(), stored)
 
 
+FEW_PAIRS = 8  # up to this many block copies one by one, more with one gather
+
+
 def copy_blocks_reference(
     k_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
     v_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
@@ -40,6 +43,12 @@ def copy_blocks_reference(
     """Copy whole blocks (all slots, raw stored bytes) for copy-on-write; sources are read
     before any write."""
     if src_dst.numel() == 0:
+        return
+    pairs = src_dst.tolist()
+    if len(pairs) <= FEW_PAIRS and not {d for _, d in pairs} & {s for s, _ in pairs}:
+        for s, d in pairs:  # block views: a third of the cost of index tensors
+            k_cache[d].copy_(k_cache[s])
+            v_cache[d].copy_(v_cache[s])
         return
     src, dst = src_dst[:, 0].long(), src_dst[:, 1].long()
     k_cache[dst] = k_cache[src]

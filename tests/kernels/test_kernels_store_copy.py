@@ -61,6 +61,26 @@ def test_copy_blocks_matches_reference(kv_cache_dtype: str) -> None:
     assert torch.equal(raw(got_k[11]), raw(source[0, 0]))
 
 
+@pytest.mark.parametrize("kv_cache_dtype", ["auto", "fp8", "int8"])
+def test_copy_blocks_reference_reads_every_source_first(kv_cache_dtype: str) -> None:
+    """A destination among the sources gets copied from, then over (one gather); a few
+    disjoint pairs copied one by one equal the same pairs in one gather."""
+    dtype = kv_storage_dtype(kv_cache_dtype, torch.bfloat16)
+    source = torch.randn(2, NUM_BLOCKS, BLOCK_SIZE, KV_HEADS, HEAD_DIM).to(dtype)
+    k, v = source[0].clone(), source[1].clone()
+    copy_blocks_reference(k, v, torch.tensor([[1, 2], [2, 3]]))
+    assert torch.equal(raw(k[2]), raw(source[0, 1])) and torch.equal(raw(k[3]), raw(source[0, 2]))
+    assert torch.equal(raw(v[3]), raw(source[1, 2]))
+    many = torch.tensor([[i % 3, 3 + i] for i in range(9)])  # past the one-by-one limit
+    one_by_one = [source[i].clone() for i in range(2)]
+    gathered = [source[i].clone() for i in range(2)]
+    for start in range(0, 9, 3):
+        copy_blocks_reference(*one_by_one, many[start : start + 3])
+    copy_blocks_reference(*gathered, many)
+    assert all(torch.equal(raw(a), raw(b)) for a, b in zip(one_by_one, gathered, strict=True))
+    assert torch.equal(raw(gathered[0][11]), raw(source[0, 2]))
+
+
 def test_empty_inputs_are_no_ops() -> None:
     k_cache, v_cache = empty_pool(torch.float32)
     none = torch.zeros(0, KV_HEADS, HEAD_DIM)
