@@ -529,12 +529,10 @@ static void row_tile(const problem *p, int s, int h, int rb, int R, int kb0, int
 }
 
 /* Packs key block kb of every kv head of a sequence into the workspace (the heads of a cache
- * token are adjacent, so whole cache blocks are read in order), then prefetches block kb + 1,
- * which dynamic scheduling most likely hands to this thread next. */
+ * token are adjacent, so whole cache blocks are read in order). */
 static void pack_block(const problem *p, const pack_item *it, scratch *sc) {
     const seq_info *si = &p->seqs[it->seq];
-    const int total = si->lim0 + si->nq - 1;
-    const int64_t bytes = packed_bytes(total, p->D);
+    const int64_t bytes = packed_bytes(si->lim0 + si->nq - 1, p->D);
     const int64_t off = (int64_t)it->kb * KB * p->D * 2;
     for (int h = 0; h < p->KVH; h++) {
         char *base = p->ws + si->ws_off + 2 * bytes * h;
@@ -542,9 +540,18 @@ static void pack_block(const problem *p, const pack_item *it, scratch *sc) {
         pack_kv(p, h, sc->kr[0], sc->vr[0], npool, (uint32_t *)(base + off),
                 (uint32_t *)(base + bytes + off));
     }
-    for (int h = 0; h < p->KVH && (it->kb + 1) * KB < total; h++) {
-        const int npool = key_rows(p, it->seq, h, (it->kb + 1) * KB, sc->kr[1], sc->vr[1]);
-        prefetch_rows(sc->kr[1], sc->vr[1], npool, p->esize, p->D);
+}
+
+/* Prefetches into L2 the pool rows, every kv head's, of the key block a pack item reads: the
+ * cache is most likely in memory, so the next item's rows come in while this one is packed. */
+static void prefetch_pack(const problem *p, const pack_item *it, scratch *sc) {
+    const int npool = key_rows(p, it->seq, 0, it->kb * KB, sc->kr[1], sc->vr[1]);
+    const int token_bytes = p->KVH * p->D * p->esize;
+    for (int i = 0; i < npool; i++) {
+        for (int b = 0; b < token_bytes; b += 64) {
+            _mm_prefetch((const char *)sc->kr[1][i] + b, _MM_HINT_T1);
+            _mm_prefetch((const char *)sc->vr[1][i] + b, _MM_HINT_T1);
+        }
     }
 }
 
@@ -764,8 +771,16 @@ int pa_paged_attention(const bf16 *q, int64_t q_st, int64_t q_sh, const bf16 *k,
     {
         const int64_t tid = omp_get_thread_num();
         scratch *sc = (scratch *)(ws + scratch_off + (int64_t)sizeof(scratch) * tid);
-#pragma omp for schedule(dynamic, 2)
-        for (int64_t i = 0; i < np; i++) pack_block(&p, &packs[i], sc);
+        { /* packing: each thread a contiguous run of blocks, the next one prefetched */
+            const int64_t team = omp_get_num_threads();
+            const int64_t lo = np * tid / team, hi = np * (tid + 1) / team;
+            if (lo < hi) prefetch_pack(&p, &packs[lo], sc);
+            for (int64_t i = lo; i < hi; i++) {
+                if (i + 1 < hi) prefetch_pack(&p, &packs[i + 1], sc);
+                pack_block(&p, &packs[i], sc);
+            }
+        }
+#pragma omp barrier
 #pragma omp for schedule(dynamic, 1)
         for (int64_t i = 0; i < ni; i++) {
             const work_item *it = &items[i];
