@@ -16,7 +16,7 @@
 #include "cpu_kernels.h"
 #include "simd_math.h"
 
-#define PARALLEL_MIN_ELEMENTS 65536 /* below this, one thread is faster than waking a team */
+#define PARALLEL_MIN_ELEMENTS 8192 /* below this, one thread beats a team (usually awake) */
 
 static int team(int64_t elements, int num_threads) {
     return elements >= PARALLEL_MIN_ELEMENTS && num_threads > 1 ? num_threads : 1;
