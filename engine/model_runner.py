@@ -52,11 +52,12 @@ class PagedAttention:
         self.kv = kv
         self.meta = meta
         self.scale = scale
-        self._step_tensors: dict[str, torch.Tensor | int | float] | None = None
+        self._step: PagedStep | None = None
 
-    def paged_step(self, layer_idx: int) -> PagedStep | None:
-        """Layer ``layer_idx``'s inputs for the fused CPU decoder layer, or None where that
-        layer cannot run fused (a quantized or non-CPU pool, the kernel backend not "auto")."""
+    def paged_step(self, layer_idx: int) -> tuple[PagedStep, torch.Tensor, torch.Tensor] | None:
+        """The step's inputs for the fused CPU decoder layer with layer ``layer_idx``'s K and V
+        pools, or None where that layer cannot run fused (a quantized or non-CPU pool, the
+        kernel backend not "auto")."""
         k_cache = self.kv.k[layer_idx]
         if (
             self.kv.k_scale[layer_idx] is not None
@@ -65,20 +66,20 @@ class PagedAttention:
             or get_kernel_backend() != "auto"
         ):
             return None
-        if self._step_tensors is None:  # once per step, shared by every layer
+        if self._step is None:  # once per step, shared by every layer
             meta = self.meta
             rows = lambda t: t.to(torch.int32).contiguous()  # noqa: E731
-            self._step_tensors = {
-                "slot_mapping": meta.slot_mapping.to(torch.int64).contiguous(),
-                "num_decode": meta.num_decode_tokens,
-                "decode_block_tables": rows(meta.decode_block_tables),
-                "decode_seq_lens": rows(meta.decode_seq_lens),
-                "prefill_block_tables": rows(meta.prefill_block_tables),
-                "prefill_query_start_loc": rows(meta.prefill_query_start_loc),
-                "prefill_context_lens": rows(meta.prefill_context_lens),
-                "scale": self.scale,
-            }
-        return PagedStep(k_cache, self.kv.v[layer_idx], **self._step_tensors)
+            self._step = PagedStep(
+                slot_mapping=meta.slot_mapping.to(torch.int64).contiguous(),
+                num_decode=meta.num_decode_tokens,
+                decode_block_tables=rows(meta.decode_block_tables),
+                decode_seq_lens=rows(meta.decode_seq_lens),
+                prefill_block_tables=rows(meta.prefill_block_tables),
+                prefill_query_start_loc=rows(meta.prefill_query_start_loc),
+                prefill_context_lens=rows(meta.prefill_context_lens),
+                scale=self.scale,
+            )
+        return self._step, k_cache, self.kv.v[layer_idx]
 
     def __call__(
         self,

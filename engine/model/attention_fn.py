@@ -3,9 +3,10 @@
 The runner implements `AttentionFn` by writing `k`/`v` into its paged KV pool and attending
 over each sequence's blocks; `ContiguousAttention` is the single-sequence reference.
 
-An implementation may also offer `paged_step(layer_idx) -> PagedStep | None` (see
-`prefixcache.kernels.cpu.decoder_layer`): a layer's step inputs over a bf16 CPU pool, with which
-a decoder layer may run as one fused compiled call instead of calling the attention itself.
+An implementation may also offer `paged_step(layer_idx) -> (PagedStep, k_cache, v_cache) | None`
+(see `prefixcache.kernels.cpu.decoder_layer`): the step's inputs and a layer's bf16 CPU pools,
+with which a decoder layer may run as one fused compiled call instead of calling the attention
+itself.
 """
 
 from __future__ import annotations

@@ -80,10 +80,13 @@ class DecoderLayer(nn.Module):
         weights = self._fused_weights()
         if weights is None:
             return None
-        step = paged_step(self.attn.layer_idx)
-        if step is None:
+        found = paged_step(self.attn.layer_idx)
+        if found is None:
             return None
-        return cpu_kernels().decoder_layer_cpu(delta, residual, cos_sin, weights, step)
+        step, k_cache, v_cache = found
+        return cpu_kernels().decoder_layer_cpu(
+            delta, residual, cos_sin, weights, step, k_cache, v_cache
+        )
 
     def _fused_weights(self) -> LayerWeights | None:
         """This layer's weights for the fused call (cached while the packed weights stay the

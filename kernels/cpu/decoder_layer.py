@@ -6,15 +6,17 @@ this package, chained in C: the ~10 Python dispatches a layer otherwise costs (a
 layer on a 2-core CPU, a quarter of a decode step of a 135M model) become one. Results equal
 the separate compiled ops bit for bit.
 
-``PagedStep`` carries one step's attention inputs, ``LayerWeights`` one layer's weights (the
-projections packed by ``pack_linear_weight``); ``fused_layer_supported`` says whether a layer
-of those shapes can run here. The intermediate activations live in a per-thread scratch buffer,
-grown to the largest step and reused; ``release_layer_scratch()`` frees the calling thread's.
+``PagedStep`` carries one step's attention inputs (checked once, shared by every layer),
+``LayerWeights`` one layer's weights (the projections packed by ``pack_linear_weight``);
+``fused_layer_supported`` says whether a layer of those shapes can run here. The intermediate
+activations live in a per-thread scratch buffer, grown to the largest step and reused;
+``release_layer_scratch()`` frees the calling thread's.
 """
 
 from __future__ import annotations
 
 import ctypes
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -28,15 +30,13 @@ _ERRORS = {**ATTENTION_ERRORS, -7: "slot_mapping has a slot outside the pool"}
 
 @dataclass(frozen=True)
 class PagedStep:
-    """One step's paged-attention inputs for one layer (CPU, bf16 pool, no scales).
+    """One step's paged-attention inputs, the same for every layer (CPU, bf16 pools).
 
     Rows ``[0, num_decode)`` decode (one per sequence, over ``decode_seq_lens`` cached tokens,
     themselves included); the rest are prefill chunks laid out by ``prefill_query_start_loc``
     (relative to row ``num_decode``) over ``prefill_context_lens`` cached tokens.
     """
 
-    k_cache: torch.Tensor  # [num_blocks, block_size, num_kv_heads, head_dim] bf16
-    v_cache: torch.Tensor  # [num_blocks, block_size, num_kv_heads, head_dim] bf16
     slot_mapping: torch.Tensor  # [num_tokens] int64, -1 skips
     num_decode: int
     decode_block_tables: torch.Tensor  # [num_decode, max_blocks] int32
@@ -45,6 +45,32 @@ class PagedStep:
     prefill_query_start_loc: torch.Tensor  # [num_prefill + 1] int32
     prefill_context_lens: torch.Tensor  # [num_prefill] int32
     scale: float
+
+    @functools.cached_property
+    def _fields(self) -> tuple[tuple[str, int | float], ...]:
+        """The step's ``layer_args`` fields, checked once and reused by every layer."""
+        if self.slot_mapping.dtype is not torch.int64 or self.slot_mapping.dim() != 1:
+            raise ValueError("slot_mapping must be int64 [num_tokens]")
+        tensors = (
+            self.slot_mapping, self.decode_block_tables, self.decode_seq_lens,
+            self.prefill_block_tables, self.prefill_query_start_loc, self.prefill_context_lens,
+        )  # fmt: skip
+        if not all(t.is_cpu and t.is_contiguous() for t in tensors) or any(
+            t.dtype is not torch.int32 for t in tensors[1:]
+        ):
+            raise ValueError("step tables must be contiguous CPU int32 tensors")
+        decode, prefill = self.decode_block_tables, self.prefill_block_tables
+        return (
+            ("slots", self.slot_mapping.data_ptr()), ("num_decode", self.num_decode),
+            ("decode_tables", decode.data_ptr()), ("decode_tables_stride", decode.stride(0)),
+            ("decode_max_blocks", decode.shape[1]),
+            ("decode_lens", self.decode_seq_lens.data_ptr()),
+            ("num_prefill", self.prefill_context_lens.shape[0]),
+            ("prefill_tables", prefill.data_ptr()), ("prefill_tables_stride", prefill.stride(0)),
+            ("prefill_max_blocks", prefill.shape[1]),
+            ("prefill_starts", self.prefill_query_start_loc.data_ptr()),
+            ("prefill_context", self.prefill_context_lens.data_ptr()), ("scale", self.scale),
+        )  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -64,6 +90,20 @@ class LayerWeights:
     kv_heads: int
     head_dim: int
     intermediate: int
+
+    @functools.cached_property
+    def _args(self) -> _LayerArgs:
+        """A ``layer_args`` holding this layer's weights and shapes, copied by every call."""
+        args = _LayerArgs(
+            hidden=self.input_norm.shape[0], heads=self.heads, kv_heads=self.kv_heads,
+            head_dim=self.head_dim, inter=self.intermediate,
+            input_norm=self.input_norm.data_ptr(), post_norm=self.post_norm.data_ptr(),
+            eps=self.eps, qkv_w=self.qkv.data_ptr(), o_w=self.o.data_ptr(),
+            gate_up_w=self.gate_up.data_ptr(), down_w=self.down.data_ptr(),
+        )  # fmt: skip
+        if self.qkv_bias is not None:
+            args.qkv_bias = self.qkv_bias.data_ptr()
+        return args
 
 
 class _LayerArgs(ctypes.Structure):
@@ -125,46 +165,31 @@ def decoder_layer_cpu(
     cos_sin: torch.Tensor,  # [num_tokens, 2, head_dim] bf16
     weights: LayerWeights,
     step: PagedStep,
+    k_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim] bf16
+    v_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim] bf16
 ) -> tuple[torch.Tensor, torch.Tensor]:  # (mlp_out, residual), each [num_tokens, hidden]
     """The layer's MLP output and the residual stream before it is added. ``residual`` is
     updated in place; for the first layer (``residual`` None) ``delta`` becomes the stream.
-    The new tokens' k/v are written into ``step``'s pool. ValueError for bad slots or tables
-    (the pool may then hold this layer's new k/v)."""
+    The new tokens' k/v are written into the layer's pool. ValueError for bad inputs, slots
+    or tables (the pool may then hold this layer's new k/v)."""
     tokens, hidden = delta.shape
     w = weights
-    args = _LayerArgs(
-        tokens=tokens, hidden=hidden, heads=w.heads, kv_heads=w.kv_heads, head_dim=w.head_dim,
-        inter=w.intermediate, block_size=step.k_cache.shape[1],
-        num_blocks=step.k_cache.shape[0], threads=torch.get_num_threads(),
-    )  # fmt: skip
+    args = _LayerArgs.from_buffer_copy(w._args)
+    for name, value in step._fields:
+        setattr(args, name, value)
+    if step.slot_mapping.shape[0] != tokens:
+        raise ValueError("slot_mapping must be int64 [num_tokens]")
+    args.tokens, args.threads = tokens, torch.get_num_threads()
     args.delta = _rows("delta", delta, (tokens, hidden))
     if residual is not None:
         args.residual = _rows("residual", residual, (tokens, hidden))
     out = torch.empty((tokens, hidden), dtype=torch.bfloat16)
     args.out = out.data_ptr()
     args.cos_sin = _rows("cos_sin", cos_sin, (tokens, 2, w.head_dim))
-    pool_shape = (step.k_cache.shape[0], step.k_cache.shape[1], w.kv_heads, w.head_dim)
-    args.k_cache = _rows("k_cache", step.k_cache, pool_shape)
-    args.v_cache = _rows("v_cache", step.v_cache, pool_shape)
-    args.input_norm, args.post_norm = w.input_norm.data_ptr(), w.post_norm.data_ptr()
-    args.eps, args.scale = w.eps, step.scale
-    args.qkv_w, args.o_w = w.qkv.data_ptr(), w.o.data_ptr()
-    args.gate_up_w, args.down_w = w.gate_up.data_ptr(), w.down.data_ptr()
-    if w.qkv_bias is not None:
-        args.qkv_bias = w.qkv_bias.data_ptr()
-    if step.slot_mapping.shape != (tokens,) or step.slot_mapping.dtype is not torch.int64:
-        raise ValueError("slot_mapping must be int64 [num_tokens]")
-    args.slots = step.slot_mapping.data_ptr()
-    args.num_decode = step.num_decode
-    tables = step.decode_block_tables
-    args.decode_tables, args.decode_tables_stride = tables.data_ptr(), tables.stride(0)
-    args.decode_max_blocks, args.decode_lens = tables.shape[1], step.decode_seq_lens.data_ptr()
-    tables = step.prefill_block_tables
-    args.num_prefill = step.prefill_context_lens.shape[0]
-    args.prefill_tables, args.prefill_tables_stride = tables.data_ptr(), tables.stride(0)
-    args.prefill_max_blocks = tables.shape[1]
-    args.prefill_starts = step.prefill_query_start_loc.data_ptr()
-    args.prefill_context = step.prefill_context_lens.data_ptr()
+    pool_shape = (k_cache.shape[0], k_cache.shape[1], w.kv_heads, w.head_dim)
+    args.k_cache = _rows("k_cache", k_cache, pool_shape)
+    args.v_cache = _rows("v_cache", v_cache, pool_shape)
+    args.block_size, args.num_blocks = pool_shape[1], pool_shape[0]
     lib = load_library()
     if lib is None:
         raise RuntimeError("the compiled CPU kernels are unavailable on this machine")

@@ -62,7 +62,7 @@ def test_a_bad_slot_raises_and_the_engine_keeps_serving(tiny_llama_hd64_dir: Pat
     assert weights is not None
     kv = llm.engine.runner.kv
     step = cpu_kernels().PagedStep(
-        kv.k[0], kv.v[0], torch.tensor([10_000], dtype=torch.int64), 0,
+        torch.tensor([10_000], dtype=torch.int64), 0,
         torch.zeros(0, 1, dtype=torch.int32), torch.zeros(0, dtype=torch.int32),
         torch.zeros(1, 1, dtype=torch.int32), torch.tensor([0, 1], dtype=torch.int32),
         torch.zeros(1, dtype=torch.int32), 0.125,
@@ -71,7 +71,7 @@ def test_a_bad_slot_raises_and_the_engine_keeps_serving(tiny_llama_hd64_dir: Pat
     delta = torch.zeros(1, hidden, dtype=torch.bfloat16)
     cos_sin = torch.zeros(1, 2, weights.head_dim, dtype=torch.bfloat16)
     with pytest.raises(ValueError, match="slot"):
-        cpu_kernels().decoder_layer_cpu(delta, None, cos_sin, weights, step)
+        cpu_kernels().decoder_layer_cpu(delta, None, cos_sin, weights, step, kv.k[0], kv.v[0])
     out = llm.generate([[1, 2, 3]], SamplingParams(max_tokens=3, temperature=0.0))
     assert len(out[0].token_ids) == 3 and llm.stats()["in_use"] == 0
     release_layer_scratch()  # freed, then grown again by the next step
