@@ -43,9 +43,9 @@ def copy_waves(ops: list[CopyOp]) -> list[list[list[int]]]:
 class PagedAttention:
     """The model's ``AttentionFn`` for one step: store the new k/v, attend over the pool.
 
-    ``paged_step`` also hands a layer its step inputs for the fused CPU decoder layer
-    (``prefixcache.kernels.cpu.decoder_layer_cpu``), which does the same with the layer's other
-    ops in one compiled call.
+    ``paged_step`` also hands the model the step's inputs and a layer's pools for the fused CPU
+    decoder layers (``prefixcache.kernels.cpu.decoder_layers_cpu``), which do the same with the
+    layers' other ops in one compiled call.
     """
 
     def __init__(self, kv: PagedKVCache, meta: AttentionMetadata, scale: float) -> None:

@@ -8,8 +8,9 @@ Pools may be quantized (fp8 e4m3 or int8, scaled, see ``prefixcache.kernels.quan
 ``store_kv`` quantizes, attention dequantizes. The elementwise ops (``rms_norm``,
 ``add_rms_norm_``, ``apply_rotary_``, ``silu_and_mul``, see ``prefixcache.kernels.model_ops``)
 run compiled on bf16 CPU tensors, in torch elsewhere. ``prefixcache.kernels.cpu`` also holds
-a bf16 GEMM over weights packed once (``linear_cpu``, oracle in ``reference.linear``) and a
-whole decoder layer in one call (``decoder_layer_cpu``), which the engine calls directly.
+a bf16 GEMM over weights packed once (``linear_cpu``, oracle in ``reference.linear``) and
+whole decoder layers, a run of them per call (``decoder_layers_cpu``), which the engine calls
+directly.
 Never imports the engine or the integrations.
 """
 

@@ -13,7 +13,7 @@ CPU_ATTENTION_NAMES = ("paged_prefill_attention_cpu", "paged_decode_attention_cp
 CPU_MODEL_OP_NAMES = (
     "rms_norm_cpu", "add_rms_norm_cpu_", "apply_rotary_cpu_", "silu_and_mul_cpu", "store_kv_cpu",
 )  # fmt: skip
-CPU_GEMM_AND_LAYER_NAMES = ("linear_cpu", "decoder_layer_cpu")
+CPU_GEMM_AND_LAYER_NAMES = ("linear_cpu", "decoder_layers_cpu")
 
 
 def record_calls(

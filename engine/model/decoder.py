@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from prefixcache.kernels.cpu.decoder_layer import LayerWeights
+from prefixcache.kernels.cpu.decoder_layer import LayerWeights, PagedStep
 from prefixcache.kernels.dispatch import cpu_kernels
 
 from ..model_config import ModelConfig
@@ -44,7 +44,7 @@ class DecoderLayer(nn.Module):
         )
         self.post_attention_norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = SwiGLUMLP(config.hidden_size, config.intermediate_size)
-        # (packed weights, LayerWeights or None) for the fused path, see `_fused_weights`
+        # (packed weights, LayerWeights or None) for the fused path, see `fused_weights`
         self._fused_cache: tuple[tuple[Tensor, ...], LayerWeights | None] | None = None
 
     def forward(self, delta: Tensor, residual: Tensor | None, cos_sin: Tensor,
@@ -54,13 +54,8 @@ class DecoderLayer(nn.Module):
         `(mlp_out, residual)`, each `[num_tokens, hidden]`, or `[len(output_rows), hidden]`
         when only those rows are asked for (every token's k/v still reaches the attention).
 
-        On CPU in bf16, with compiled GEMM weights and an attention that offers `paged_step`
-        (the paged runner over a bf16 pool), all rows run as one fused compiled call
-        (`prefixcache.kernels.cpu.decoder_layer_cpu`): the same kernels, the same results."""
-        if output_rows is None:
-            fused = self._fused(delta, residual, cos_sin, attention)
-            if fused is not None:
-                return fused
+        Op by op; `CausalLM` runs layers as fused compiled calls where it can (see
+        `fused_weights`)."""
         if residual is None:
             residual, normed = delta, self.input_norm(delta)
         else:
@@ -71,27 +66,11 @@ class DecoderLayer(nn.Module):
         normed = self.post_attention_norm.add_and_norm_(attended, residual)
         return self.mlp(normed), residual
 
-    def _fused(self, delta: Tensor, residual: Tensor | None, cos_sin: Tensor,
-               attention: AttentionFn) -> tuple[Tensor, Tensor] | None:
-        """The fused compiled layer's `(mlp_out, residual)`, or None where it does not apply."""
-        paged_step = getattr(attention, "paged_step", None)
-        if paged_step is None or delta.dtype is not torch.bfloat16 or not delta.is_cpu:
-            return None
-        weights = self._fused_weights()
-        if weights is None:
-            return None
-        found = paged_step(self.attn.layer_idx)
-        if found is None:
-            return None
-        step, k_cache, v_cache = found
-        return cpu_kernels().decoder_layer_cpu(
-            delta, residual, cos_sin, weights, step, k_cache, v_cache
-        )
-
-    def _fused_weights(self) -> LayerWeights | None:
-        """This layer's weights for the fused call (cached while the packed weights stay the
-        same), or None: a projection not on the compiled GEMM, norms not bf16, or shapes the
-        fused layer does not take."""
+    def fused_weights(self) -> LayerWeights | None:
+        """This layer's weights for the fused compiled layers
+        (`prefixcache.kernels.cpu.decoder_layers_cpu`; cached while the packed weights stay
+        the same), or None: a projection not on the compiled GEMM, norms not bf16, or shapes
+        the fused layer does not take."""
         attn, mlp = self.attn, self.mlp
         linears = (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)
         if not all(isinstance(m, PackedLinear) and m.compiled for m in linears):
@@ -177,10 +156,39 @@ class CausalLM(nn.Module):
         cos_sin = self.rotary.cos_sin(positions, hidden.dtype)  # [T, 2, head_dim]
         residual: Tensor | None = None
         *body, last = self.layers
-        for layer in body:
-            hidden, residual = layer(hidden, residual, cos_sin, attention)
+        fused = self._fused_run(body, attention, hidden)
+        if fused is not None:  # the body as one compiled call: the same kernels and results
+            hidden, residual = cpu_kernels().decoder_layers_cpu(hidden, None, cos_sin, *fused)
+        else:
+            for layer in body:
+                hidden, residual = layer(hidden, residual, cos_sin, attention)
         hidden, residual = last(hidden, residual, cos_sin, attention, output_rows)
         return self.norm.add_and_norm_(hidden, residual)
+
+    @staticmethod
+    def _fused_run(layers: list[DecoderLayer], attention: AttentionFn, hidden: Tensor
+                   ) -> tuple[list[LayerWeights], PagedStep, list[Tensor], list[Tensor]] | None:
+        """`decoder_layers_cpu`'s weights, step and pools for `layers`, or None unless every
+        one of them can run fused: bf16 on CPU, compiled GEMM weights, and an attention that
+        offers `paged_step` (the paged runner over bf16 pools)."""
+        paged_step = getattr(attention, "paged_step", None)
+        if not layers or paged_step is None or hidden.dtype is not torch.bfloat16 or (
+            not hidden.is_cpu
+        ):
+            return None
+        weights, k_caches, v_caches = [], [], []
+        step = None
+        for layer in layers:
+            layer_weights = layer.fused_weights()
+            found = None if layer_weights is None else paged_step(layer.attn.layer_idx)
+            if found is None:
+                return None
+            step, k_cache, v_cache = found
+            weights.append(layer_weights)
+            k_caches.append(k_cache)
+            v_caches.append(v_cache)
+        assert step is not None
+        return weights, step, k_caches, v_caches
 
     @torch.inference_mode()
     def compute_logits(self, hidden: Tensor) -> Tensor:

@@ -2,7 +2,7 @@
 first use (see ``build``) and called through ctypes. Paged attention (``paged_attention``) and
 the decoder's elementwise ops on bf16 (``model_ops``: RMSNorm with the residual add, RoPE,
 SiLU-and-mul, KV writes into a bf16 pool), its bf16 projections (``linear``: a GEMM over a
-weight packed once), and all of them chained as one decoder layer per call
+weight packed once), and all of them chained into decoder layers, a run of layers per call
 (``decoder_layer``).
 
 ``cpu_attention_available()`` says whether they can run here (x86-64 Linux, AVX-512 F/BW/VL
@@ -18,7 +18,7 @@ from __future__ import annotations
 from prefixcache.kernels.cpu.decoder_layer import (
     LayerWeights,
     PagedStep,
-    decoder_layer_cpu,
+    decoder_layers_cpu,
     fused_layer_supported,
 )
 from prefixcache.kernels.cpu.linear import cpu_linear_supports, linear_cpu
@@ -46,7 +46,7 @@ __all__ = [
     "cpu_kernel_supports",
     "cpu_linear_supports",
     "cpu_model_ops_support",
-    "decoder_layer_cpu",
+    "decoder_layers_cpu",
     "fused_layer_supported",
     "linear_cpu",
     "paged_decode_attention_cpu",

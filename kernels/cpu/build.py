@@ -184,6 +184,8 @@ def _declare(lib: ctypes.CDLL) -> None:
     ]  # fmt: skip
     lib.pc_decoder_layer.restype = i32
     lib.pc_decoder_layer.argtypes = [ptr]  # layer_args * (decoder_layer.py mirrors it)
+    lib.pc_decoder_layers.restype = i32
+    lib.pc_decoder_layers.argtypes = [ptr, i64, ptr]  # layer_args[n], n, int64 *failed
     lib.pc_release_layer_scratch.restype = None
     lib.pc_release_layer_scratch.argtypes = []
     lib.pc_store_kv.restype = i32

@@ -1,7 +1,7 @@
 /*
- * One Llama-family decoder layer over a paged bf16 KV pool, in one call: the kernels of
- * model_ops.c, linear.c and paged_attention.c run in sequence on per-thread scratch buffers,
- * with no return to Python between them.
+ * Llama-family decoder layers over a paged bf16 KV pool, a run of them in one call: the
+ * kernels of model_ops.c, linear.c and paged_attention.c run in sequence on per-thread scratch
+ * buffers, with no return to Python between them or between layers.
  *
  *   normed   = rms_norm(residual += delta)          (first layer: residual is delta itself)
  *   qkv      = normed Wqkv^T (+ bias); RoPE on q, k; k, v written to their pool slots
@@ -22,7 +22,7 @@ typedef struct {
     int64_t tokens, hidden, heads, kv_heads, head_dim, inter, block_size, num_blocks, threads;
     bf16 *delta;    /* [tokens][hidden]: the previous block's output (first layer: embedding) */
     bf16 *residual; /* [tokens][hidden], updated; NULL for the first layer */
-    bf16 *out;      /* [tokens][hidden]: this layer's MLP output */
+    bf16 *out;      /* [tokens][hidden]: this layer's MLP output (may be delta itself) */
     const bf16 *input_norm, *post_norm; /* [hidden] */
     double eps, scale;
     const bf16 *qkv_w, *qkv_bias, *o_w, *gate_up_w, *down_w; /* packed (linear.c); bias or NULL */
@@ -109,5 +109,18 @@ int pc_decoder_layer(const layer_args *a) {
     pc_linear(normed, H, T, H / 2, a->gate_up_w, gu_w, NULL, gate_up, gu_w, (int)nt);
     pc_silu_and_mul(gate_up, gu_w, act, a->inter, T, a->inter, (int)nt);
     pc_linear(act, a->inter, T, a->inter / 2, a->down_w, H, NULL, a->out, H, (int)nt);
+    return 0;
+}
+
+/* Runs layers args[0 .. n) in order (each args[i] complete, its delta the previous layer's
+ * out); returns 0, or the first failing layer's code with *failed set to its index. */
+int pc_decoder_layers(const layer_args *args, int64_t n, int64_t *failed) {
+    for (int64_t i = 0; i < n; i++) {
+        const int err = pc_decoder_layer(&args[i]);
+        if (err) {
+            *failed = i;
+            return err;
+        }
+    }
     return 0;
 }

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -159,41 +160,56 @@ def _rows(name: str, x: torch.Tensor, shape: tuple[int, ...]) -> int:
     return x.data_ptr()
 
 
-def decoder_layer_cpu(
-    delta: torch.Tensor,  # [num_tokens, hidden] bf16: the previous block's output
+def decoder_layers_cpu(
+    delta: torch.Tensor,  # [num_tokens, hidden] bf16: the previous block's output (consumed)
     residual: torch.Tensor | None,  # [num_tokens, hidden] bf16, updated; None: first layer
     cos_sin: torch.Tensor,  # [num_tokens, 2, head_dim] bf16
-    weights: LayerWeights,
+    layers: Sequence[LayerWeights],
     step: PagedStep,
-    k_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim] bf16
-    v_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim] bf16
+    k_caches: Sequence[torch.Tensor],  # each [num_blocks, block_size, num_kv_heads, head_dim]
+    v_caches: Sequence[torch.Tensor],  # each [num_blocks, block_size, num_kv_heads, head_dim]
 ) -> tuple[torch.Tensor, torch.Tensor]:  # (mlp_out, residual), each [num_tokens, hidden]
-    """The layer's MLP output and the residual stream before it is added. ``residual`` is
-    updated in place; for the first layer (``residual`` None) ``delta`` becomes the stream.
-    The new tokens' k/v are written into the layer's pool. ValueError for bad inputs, slots
-    or tables (the pool may then hold this layer's new k/v)."""
+    """Decoder layers ``layers[i]`` over pools ``k_caches[i]`` / ``v_caches[i]``, one after the
+    other in one compiled call: the last layer's MLP output and the residual stream before it
+    is added. ``residual`` is updated in place; without one (the model's first layer)
+    ``delta`` becomes the stream. The new tokens' k/v are written into every layer's pool.
+    ValueError for bad inputs, slots or tables (the pools up to the failing layer may then
+    hold the new k/v)."""
+    count = len(layers)
+    if count == 0 or len(k_caches) != count or len(v_caches) != count:
+        raise ValueError("need one K and one V pool per layer, and at least one layer")
     tokens, hidden = delta.shape
-    w = weights
-    args = _LayerArgs.from_buffer_copy(w._args)
-    for name, value in step._fields:
-        setattr(args, name, value)
+    delta_ptr = _rows("delta", delta, (tokens, hidden))
+    stream = _rows("residual", residual, (tokens, hidden)) if residual is not None else None
+    cos_sin_ptr = _rows("cos_sin", cos_sin, (tokens, 2, layers[0].head_dim))
     if step.slot_mapping.shape[0] != tokens:
         raise ValueError("slot_mapping must be int64 [num_tokens]")
-    args.tokens, args.threads = tokens, torch.get_num_threads()
-    args.delta = _rows("delta", delta, (tokens, hidden))
-    if residual is not None:
-        args.residual = _rows("residual", residual, (tokens, hidden))
     out = torch.empty((tokens, hidden), dtype=torch.bfloat16)
-    args.out = out.data_ptr()
-    args.cos_sin = _rows("cos_sin", cos_sin, (tokens, 2, w.head_dim))
-    pool_shape = (k_cache.shape[0], k_cache.shape[1], w.kv_heads, w.head_dim)
-    args.k_cache = _rows("k_cache", k_cache, pool_shape)
-    args.v_cache = _rows("v_cache", v_cache, pool_shape)
-    args.block_size, args.num_blocks = pool_shape[1], pool_shape[0]
+    threads = torch.get_num_threads()
+    args = (_LayerArgs * count)()
+    for i, (weights, k_cache, v_cache) in enumerate(zip(layers, k_caches, v_caches, strict=True)):
+        layer = args[i]
+        ctypes.pointer(layer)[0] = weights._args
+        for name, value in step._fields:
+            setattr(layer, name, value)
+        pool_shape = (k_cache.shape[0], k_cache.shape[1], weights.kv_heads, weights.head_dim)
+        layer.k_cache = _rows("k_cache", k_cache, pool_shape)
+        layer.v_cache = _rows("v_cache", v_cache, pool_shape)
+        layer.block_size, layer.num_blocks = pool_shape[1], pool_shape[0]
+        layer.tokens, layer.threads, layer.cos_sin = tokens, threads, cos_sin_ptr
+        # the first layer reads delta (and makes it the stream when there is none); every
+        # later one reads the previous output and overwrites it with its own
+        layer.delta = delta_ptr if i == 0 else out.data_ptr()
+        layer.residual = stream if i > 0 or stream is not None else None
+        layer.out = out.data_ptr()
+        if i == 0 and stream is None:
+            stream = delta_ptr
     lib = load_library()
     if lib is None:
         raise RuntimeError("the compiled CPU kernels are unavailable on this machine")
-    status = lib.pc_decoder_layer(ctypes.addressof(args))
+    failed = ctypes.c_int64(-1)
+    status = lib.pc_decoder_layers(args, count, ctypes.byref(failed))
     if status:
-        raise ValueError(_ERRORS.get(status, f"the fused decoder layer failed ({status})"))
+        message = _ERRORS.get(status, f"the fused decoder layer failed ({status})")
+        raise ValueError(f"{message} (layer {failed.value} of the run)")
     return out, delta if residual is None else residual

@@ -71,7 +71,7 @@ def test_cached_equals_uncached_bf16_cpu_kernel(
     if cpu_kernels().cpu_attention_available():
         # every layer but the last runs fused; the last one computes the sampled rows only
         # (a decode-style attention for them) through the separate compiled ops
-        fused = {"decoder_layer_cpu", "paged_decode_attention_cpu", "linear_cpu"}
+        fused = {"decoder_layers_cpu", "paged_decode_attention_cpu", "linear_cpu"}
         assert fused | set(CPU_MODEL_OP_NAMES) - {"rms_norm_cpu"} <= set(calls)
 
 

@@ -45,10 +45,10 @@ def step_logits(folder: Path, monkeypatch: pytest.MonkeyPatch, fused: bool) -> l
 def test_fused_layers_give_bitwise_the_same_logits(
     tiny_llama_hd64_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    calls = record_calls(monkeypatch, cpu_kernels(), ["decoder_layer_cpu"])
+    calls = record_calls(monkeypatch, cpu_kernels(), ["decoder_layers_cpu"])
     fused = step_logits(tiny_llama_hd64_dir, monkeypatch, fused=True)
     assert calls, "the fused layer did not run"
-    calls = record_calls(monkeypatch, cpu_kernels(), ["decoder_layer_cpu"])
+    calls = record_calls(monkeypatch, cpu_kernels(), ["decoder_layers_cpu"])
     separate = step_logits(tiny_llama_hd64_dir, monkeypatch, fused=False)
     assert not calls
     assert len(fused) == len(separate)
@@ -58,7 +58,7 @@ def test_fused_layers_give_bitwise_the_same_logits(
 
 def test_a_bad_slot_raises_and_the_engine_keeps_serving(tiny_llama_hd64_dir: Path) -> None:
     llm = LLM(str(tiny_llama_hd64_dir), dtype="bfloat16", num_blocks=32, block_size=4)
-    weights = llm.engine.runner.model.layers[0]._fused_weights()
+    weights = llm.engine.runner.model.layers[0].fused_weights()
     assert weights is not None
     kv = llm.engine.runner.kv
     step = cpu_kernels().PagedStep(
@@ -71,7 +71,9 @@ def test_a_bad_slot_raises_and_the_engine_keeps_serving(tiny_llama_hd64_dir: Pat
     delta = torch.zeros(1, hidden, dtype=torch.bfloat16)
     cos_sin = torch.zeros(1, 2, weights.head_dim, dtype=torch.bfloat16)
     with pytest.raises(ValueError, match="slot"):
-        cpu_kernels().decoder_layer_cpu(delta, None, cos_sin, weights, step, kv.k[0], kv.v[0])
+        cpu_kernels().decoder_layers_cpu(
+            delta, None, cos_sin, [weights], step, [kv.k[0]], [kv.v[0]]
+        )
     out = llm.generate([[1, 2, 3]], SamplingParams(max_tokens=3, temperature=0.0))
     assert len(out[0].token_ids) == 3 and llm.stats()["in_use"] == 0
     release_layer_scratch()  # freed, then grown again by the next step
