@@ -13,7 +13,7 @@ from prefixcache.engine.attention_metadata import AttentionMetadata, build_atten
 from prefixcache.engine.kv_cache import PagedKVCache, calibrate_kv_scales
 from prefixcache.engine.scheduler_output import SchedulerOutput
 from prefixcache.kernels import (
-    copy_blocks,
+    block_copier,
     get_kernel_backend,
     paged_decode_attention,
     paged_prefill_attention,
@@ -142,6 +142,7 @@ class ModelRunner:
         self.device = model.device
         self.kv = kv
         self.scale = head_dim**-0.5
+        self.copy_blocks = block_copier(kv.k, kv.v)  # copy-on-write copies, every layer
         calibrate_kv_scales(model, kv)
 
     @torch.inference_mode()
@@ -149,8 +150,7 @@ class ModelRunner:
         """Logits (on the CPU, for the sampler) of the rows that sample this step."""
         for wave in copy_waves(out.copy_ops):
             pairs = torch.tensor(wave, dtype=torch.int64, device=self.device)  # [n, 2]
-            for k_cache, v_cache in zip(self.kv.k, self.kv.v, strict=True):
-                copy_blocks(k_cache, v_cache, pairs)
+            self.copy_blocks(pairs)
         meta = build_attention_metadata(out, self.kv.block_size).to(self.device)
         attention = PagedAttention(self.kv, meta, self.scale)
         # Only the sampled rows leave the last layer: [num_sampled, hidden].

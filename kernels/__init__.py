@@ -16,6 +16,8 @@ Never imports the engine or the integrations.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+
 import torch
 
 from prefixcache.kernels.dispatch import (
@@ -69,6 +71,27 @@ def copy_blocks(
     """Copy whole blocks for copy-on-write."""
     impl = triton_kernels().copy_blocks_triton if uses_triton(k_cache) else copy_blocks_reference
     impl(k_cache, v_cache, src_dst)
+
+
+def block_copier(
+    k_caches: Sequence[torch.Tensor],  # per layer [num_blocks, block_size, kv_heads, head_dim]
+    v_caches: Sequence[torch.Tensor],  # per layer [num_blocks, block_size, kv_heads, head_dim]
+) -> Callable[[torch.Tensor], None]:
+    """A function of ``src_dst`` ([num_pairs, 2] int64, no destination among the sources)
+    that runs ``copy_blocks`` in every layer's pools: on CPU one compiled call for all."""
+    pools = [*k_caches, *v_caches]
+    if (
+        get_kernel_backend() == "auto"
+        and all(pool.is_cpu and pool.is_contiguous() for pool in pools)
+        and cpu_kernels().cpu_attention_available()
+    ):
+        return cpu_kernels().BlockCopier(pools)
+
+    def per_layer(src_dst: torch.Tensor) -> None:
+        for k_cache, v_cache in zip(k_caches, v_caches, strict=True):
+            copy_blocks(k_cache, v_cache, src_dst)
+
+    return per_layer
 
 
 def paged_decode_attention(
@@ -130,6 +153,7 @@ __all__ = [
     "KV_CACHE_DTYPES",
     "add_rms_norm_",
     "apply_rotary_",
+    "block_copier",
     "copy_blocks",
     "get_kernel_backend",
     "kernel_backend",

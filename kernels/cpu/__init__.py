@@ -23,8 +23,10 @@ from prefixcache.kernels.cpu.decoder_layer import (
 )
 from prefixcache.kernels.cpu.linear import cpu_linear_supports, linear_cpu
 from prefixcache.kernels.cpu.model_ops import (
+    BlockCopier,
     add_rms_norm_cpu_,
     apply_rotary_cpu_,
+    copy_blocks_cpu,
     cpu_model_ops_support,
     rms_norm_cpu,
     silu_and_mul_cpu,
@@ -38,10 +40,12 @@ from prefixcache.kernels.cpu.paged_attention import (
 )
 
 __all__ = [
+    "BlockCopier",
     "LayerWeights",
     "PagedStep",
     "add_rms_norm_cpu_",
     "apply_rotary_cpu_",
+    "copy_blocks_cpu",
     "cpu_attention_available",
     "cpu_kernel_supports",
     "cpu_linear_supports",

@@ -188,6 +188,8 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.pc_decoder_layers.argtypes = [ptr, i64, ptr]  # layer_args[n], n, int64 *failed
     lib.pc_release_layer_scratch.restype = None
     lib.pc_release_layer_scratch.argtypes = []
+    lib.pc_copy_blocks.restype = i32
+    lib.pc_copy_blocks.argtypes = [ptr, i64, i64, i64, ptr, i64]  # pools, n, bytes, blocks, ...
     lib.pc_store_kv.restype = i32
     lib.pc_store_kv.argtypes = [
         ptr, i64, i64, ptr, i64, i64,  # k, token stride, head stride, v, ...

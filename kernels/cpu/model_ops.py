@@ -5,10 +5,14 @@ roundings: results equal the reference's except, rarely, in the last bf16 bit (t
 the RMSNorm sum of squares, exp() inside SiLU). ``cpu_model_ops_support`` says when tensors
 qualify; callers use the references otherwise. Each op makes one pass over memory, where torch
 makes one per elementwise step, and runs on ``torch.get_num_threads()`` OpenMP threads (one for
-small tensors).
+small tensors). ``BlockCopier`` / ``copy_blocks_cpu`` copy copy-on-write blocks in every
+layer's pools at once.
 """
 
 from __future__ import annotations
+
+import ctypes
+from collections.abc import Sequence
 
 import torch
 
@@ -161,3 +165,49 @@ def store_kv_cpu(
     )  # fmt: skip
     if status:
         raise ValueError("slot_mapping has a slot outside [-1, num_blocks * block_size)")
+
+
+class BlockCopier:
+    """Copies whole blocks in a fixed set of pools (raw bytes, any element type) with one
+    compiled call; the pools are checked once, here. ValueError for pools that are not
+    contiguous CPU tensors of one shape and dtype."""
+
+    def __init__(self, pools: Sequence[torch.Tensor]) -> None:  # each [num_blocks, ...]
+        if not pools:
+            raise ValueError("no pools to copy blocks in")
+        first = pools[0]
+        for pool in pools:
+            if not pool.is_cpu or not pool.is_contiguous() or pool.shape != first.shape or (
+                pool.dtype is not first.dtype
+            ):
+                raise ValueError("pools must be contiguous CPU tensors of one shape and dtype")
+        self.pools = list(pools)  # keeps the pointers valid
+        self.num_blocks = first.shape[0]
+        self.block_bytes = first[0].numel() * first.element_size() if self.num_blocks else 0
+        self._pointers = (ctypes.c_void_p * len(pools))(*(pool.data_ptr() for pool in pools))
+
+    def __call__(self, src_dst: torch.Tensor) -> None:  # [num_pairs, 2] int
+        """Copy block ``src_dst[i, 0]`` into ``src_dst[i, 1]`` in every pool. No destination
+        may be among the sources (the pairs run in order); ValueError, with nothing copied,
+        for that or a block id outside the pools."""
+        if src_dst.numel() == 0:
+            return
+        pairs = src_dst.to(torch.int64).contiguous()
+        if pairs.dim() != 2 or pairs.shape[1] != 2:
+            raise ValueError(f"src_dst must be [num_pairs, 2], got {tuple(src_dst.shape)}")
+        if set(pairs[:, 1].tolist()) & set(pairs[:, 0].tolist()):
+            raise ValueError("a destination block is also a source")
+        status = _library().pc_copy_blocks(
+            self._pointers, len(self.pools), self.block_bytes, self.num_blocks,
+            pairs.data_ptr(), pairs.shape[0],
+        )  # fmt: skip
+        if status:
+            raise ValueError(f"a block id is outside the pools' [0, {self.num_blocks})")
+
+
+def copy_blocks_cpu(
+    pools: Sequence[torch.Tensor],  # each [num_blocks, ...] contiguous, one shape and dtype
+    src_dst: torch.Tensor,  # [num_pairs, 2] int: copy block src_dst[i, 0] into src_dst[i, 1]
+) -> None:
+    """``BlockCopier(pools)(src_dst)``: blocks copied in every pool with one compiled call."""
+    BlockCopier(pools)(src_dst)

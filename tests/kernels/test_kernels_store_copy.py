@@ -5,6 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from prefixcache.kernels import block_copier
+from prefixcache.kernels.dispatch import cpu_kernels
 from prefixcache.kernels.quantization import kv_storage_dtype, scales_from_amax
 from prefixcache.kernels.reference.kv_store import copy_blocks_reference, store_kv_reference
 from prefixcache.kernels.triton import copy_blocks_triton, store_kv_triton
@@ -103,3 +105,27 @@ def test_fp8_store_rounds_like_torch_on_every_value_and_midpoint() -> None:
     store_kv_reference(values, values, pools[0], pools[1], slots)
     store_kv_triton(values, values, pools[2], pools[3], slots)
     assert torch.equal(raw(pools[2]), raw(pools[0]))
+
+
+@pytest.mark.parametrize("kv_cache_dtype", ["auto", "fp8", "int8"])
+def test_block_copier_copies_every_pool_like_the_reference(kv_cache_dtype: str) -> None:
+    """All layers' pools in one call (compiled on CPU where it runs) equal the reference per
+    layer; a destination among the sources or a block outside the pools is refused with
+    nothing copied."""
+    dtype = kv_storage_dtype(kv_cache_dtype, torch.bfloat16)
+    shape = (2, NUM_BLOCKS, BLOCK_SIZE, KV_HEADS, HEAD_DIM)
+    layers = [torch.randn(shape).to(dtype) for _ in range(3)]
+    pairs = torch.tensor([[0, 7], [3, 8], [0, 11]], dtype=torch.int64)
+    expected = [layer.clone() for layer in layers]
+    for layer in expected:
+        copy_blocks_reference(layer[0], layer[1], pairs)
+    got = [layer.clone() for layer in layers]
+    block_copier([g[0] for g in got], [g[1] for g in got])(pairs)
+    assert all(torch.equal(raw(a), raw(b)) for a, b in zip(got, expected, strict=True))
+    if cpu_kernels().cpu_attention_available():
+        pools = [g[0] for g in got]
+        before = [raw(pool).clone() for pool in pools]
+        for bad in ([[1, 2], [2, 3]], [[0, NUM_BLOCKS]], [[-1, 4]]):
+            with pytest.raises(ValueError):
+                cpu_kernels().copy_blocks_cpu(pools, torch.tensor(bad))
+        assert all(torch.equal(raw(p), b) for p, b in zip(pools, before, strict=True))
