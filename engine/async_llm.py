@@ -133,8 +133,8 @@ class AsyncLLM:
     async def warm(
         self, prompt: str | Sequence[int], salt: str | None = None, pin: bool = False
     ) -> int:
-        """Prefill ``prompt`` (no sampling kept) so its full blocks are cached; optionally pin
-        them. Returns the prompt tokens cached afterwards."""
+        """Prefill ``prompt`` (no sampling kept) so it is cached, its partly filled last block
+        too; optionally pin it. Returns the prompt tokens cached afterwards."""
         token_ids = self.llm.encode(prompt)
         async for _ in self.generate(
             token_ids, SamplingParams(max_tokens=1, temperature=0.0), salt=salt
@@ -142,7 +142,7 @@ class AsyncLLM:
             pass
         if pin:
             return await self.call(lambda llm: llm.cache.pin(token_ids, salt))
-        return await self.call(lambda llm: llm.cache.lookup(token_ids, salt))
+        return await self.call(lambda llm: llm.cache.lookup(token_ids, salt, partial_block=True))
 
     async def pin(self, prompt: str | Sequence[int], salt: str | None = None) -> int:
         """Pin the cached prefix of ``prompt``; returns the pinned tokens (0: none cached)."""

@@ -129,13 +129,14 @@ class LLM:
         return self.chat_template.render(messages, add_generation_prompt=True)
 
     def warm(self, prompt: str | Sequence[int], salt: str | None = None, pin: bool = False) -> int:
-        """Prefill ``prompt`` without sampling, leaving its full blocks cached; returns how many
-        prompt tokens are cached afterwards. ``pin`` keeps them from eviction until unpinned."""
+        """Prefill ``prompt`` without sampling, leaving it cached (its full blocks and the
+        partly filled last one); returns how many prompt tokens are cached afterwards. ``pin``
+        keeps its full blocks from eviction until unpinned."""
         token_ids = self._encode_all(prompt)[0]
         self.generate([token_ids], SamplingParams(max_tokens=1, temperature=0.0), salt)
         if pin:
             self.cache.pin(token_ids, salt)
-        return self.cache.lookup(token_ids, salt)
+        return self.cache.lookup(token_ids, salt, partial_block=True)
 
     def encode(self, prompt: str | Sequence[int]) -> list[int]:
         """Token ids of one prompt, validated against the vocabulary and max_model_len."""

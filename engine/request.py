@@ -47,6 +47,8 @@ class Request:
 
     ``num_computed_tokens`` tokens have their KV in ``block_ids``; the last sampled token is
     computed in the next step. ``num_committed_blocks`` full blocks were offered to the cache.
+    ``num_written_tokens`` of them are known written: a request admitted on a partial-block
+    hit counts its copied tokens as computed before the step that copies them has run.
     """
 
     def __init__(
@@ -68,6 +70,7 @@ class Request:
         self.num_tokens = self.num_prompt_tokens
         self.block_ids: list[int] = []
         self.num_computed_tokens = 0
+        self.num_written_tokens = 0
         self.num_committed_blocks = 0
         self.num_cached_tokens: int | None = None
         self.num_preemptions = 0

@@ -6,7 +6,8 @@ request when the pool runs dry; (2) admits waiting requests: a prefix match reus
 blocks (capped so the last prompt token is always computed), a cached block that shares the
 next few tokens is copied, and blocks are allocated for the first chunk; (3) after the runner
 ran, commits newly filled blocks to the tree, so later requests — and this one, if
-preempted — hit them.
+preempted — hit them; a finished or preempted request's last, partly filled block is cached
+too.
 """
 
 from __future__ import annotations
@@ -142,6 +143,7 @@ class Scheduler:
             self.cache.release([partial])
         request.block_ids = cached + fresh
         request.num_computed_tokens = num_cached
+        request.num_written_tokens = len(cached) * self.block_size
         request.num_committed_blocks = len(cached)
         if request.num_cached_tokens is None:
             request.num_cached_tokens = num_cached
@@ -157,6 +159,7 @@ class Scheduler:
         for seq in out.sequences:
             request = seq.request
             request.num_computed_tokens += seq.num_new_tokens
+            request.num_written_tokens = request.num_computed_tokens
             self.commit_blocks(request)
 
     def commit_blocks(self, request: Request) -> None:
@@ -172,6 +175,7 @@ class Scheduler:
         self.cache.fork(parent.block_ids)
         child.block_ids = list(parent.block_ids)
         child.num_computed_tokens = parent.num_computed_tokens
+        child.num_written_tokens = parent.num_written_tokens
         child.num_committed_blocks = parent.num_committed_blocks
         child.num_cached_tokens = parent.num_cached_tokens
         child.status = RequestStatus.RUNNING
@@ -197,8 +201,17 @@ class Scheduler:
         request.finish_reason = reason
 
     def _release_blocks(self, request: Request) -> None:
+        """Release a request's blocks; its last, partly filled block stays cached (a later
+        prompt that goes on from where it stopped copies it instead of recomputing it)."""
+        written = request.num_written_tokens
+        if self.enable_prefix_caching and written % self.block_size and request.block_ids:
+            self.cache.insert_partial(
+                request.tokens[:written], request.block_ids[written // self.block_size],
+                request.salt,
+            )
         if request.block_ids:
             self.cache.release(request.block_ids)
         request.block_ids = []
         request.num_computed_tokens = 0
+        request.num_written_tokens = 0
         request.num_committed_blocks = 0

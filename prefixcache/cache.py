@@ -47,7 +47,8 @@ class CopyOp(NamedTuple):
 
 
 class PrefixCache:
-    """A ref-counted, copy-on-write pool of KV blocks whose full blocks are found again by prefix.
+    """A ref-counted, copy-on-write pool of KV blocks whose full blocks are found again by prefix
+    (and, with ``insert_partial`` / ``match(partial_block=True)``, the partial block after them).
 
     Every method validates its input and either succeeds or raises with nothing changed.
     """
@@ -130,13 +131,22 @@ class PrefixCache:
         return PrefixMatch(ids.tolist(), num_tokens, block, shared)
 
     def lookup(
-        self, token_ids: TokenIds, salt: str | None = None, extra_keys: Sequence[Hashable] = ()
+        self,
+        token_ids: TokenIds,
+        salt: str | None = None,
+        extra_keys: Sequence[Hashable] = (),
+        partial_block: bool = False,
     ) -> int:
-        """Cached prefix length in tokens; takes no reference, changes nothing."""
-        return (
-            self._walk(as_token_array(token_ids), salt, extra_keys, None).num_blocks
-            * self.block_size
-        )
+        """Cached prefix length in tokens (full blocks; with ``partial_block`` also the tokens
+        a cached block after them shares); takes no reference, changes nothing."""
+        tokens = as_token_array(token_ids)
+        path = self._walk(tokens, salt, extra_keys, None)
+        cached = path.num_blocks * self.block_size
+        if partial_block:
+            name = self._namespace(salt, extra_keys)
+            partial = self.tree.partial_next(name, path, tokens, len(tokens))
+            cached += 0 if partial is None else partial[1]
+        return cached
 
     def block_hashes(
         self, token_ids: TokenIds, salt: str | None = None, extra_keys: Sequence[Hashable] = ()
@@ -219,6 +229,45 @@ class PrefixCache:
             self._events.append(BlockStored(hashes, parent, block_tokens, self.block_size))
         return len(new_ids)
 
+    def insert_partial(
+        self,
+        token_ids: TokenIds,
+        block_id: int,
+        salt: str | None = None,
+        priority: int = 0,
+        extra_keys: Sequence[Hashable] = (),
+    ) -> bool:
+        """Cache the last ``len(token_ids) % block_size`` tokens of ``token_ids``, held in
+        ``block_id``, after their full blocks (the end of a finished request), so that
+        ``match(partial_block=True)`` can hand them out for copying.
+
+        The block must be held (ref > 0) and not cached; from now on it is immutable (a write
+        copies it first, see ``copy_on_write``). Nothing is cached (returns False) when the
+        full blocks are not all cached, there is no partial block, or a cached block after
+        them already holds those tokens. A partial block makes no ``BlockStored`` event.
+        """
+        tokens = as_token_array(token_ids)
+        (block,) = as_block_ids([block_id], self.num_blocks).tolist()
+        full = len(tokens) // self.block_size
+        if len(tokens) == full * self.block_size:
+            return False
+        self._check_insertable(np.array([block], dtype=np.int32))
+        name = self._namespace(salt, extra_keys)
+        path = self.tree.walk(name, tokens, full)
+        if path.num_blocks < full:
+            return False
+        covering = self.tree.partial_next(name, path, tokens, len(tokens))
+        if covering is not None and covering[1] == len(tokens) - full * self.block_size:
+            return False
+        self._touch(path, priority)
+        changed = self.tree.insert_partial(name, path, tokens, block, priority, self._clock)
+        if changed is None:
+            return False
+        for node in changed:
+            self._refresh(node)
+        self.blocks_stored += 1
+        return True
+
     def release(self, block_ids: Sequence[int] | np.ndarray) -> None:
         """Drop one reference per occurrence of each block (a double free raises ValueError)."""
         unique, counts = np.unique(as_block_ids(block_ids, self.num_blocks), return_counts=True)
@@ -259,26 +308,36 @@ class PrefixCache:
     def pin(
         self, token_ids: TokenIds, salt: str | None = None, extra_keys: Sequence[Hashable] = ()
     ) -> int:
-        """Keep the cached prefix of ``token_ids`` from eviction until ``unpin``.
+        """Keep the cached prefix of ``token_ids`` from eviction until ``unpin``: its full
+        blocks, and the cached partial block holding the tokens after them if there is one.
 
         Returns the pinned length in tokens (0: nothing cached, nothing pinned). Pins count.
         """
-        path = self._walk(as_token_array(token_ids), salt, extra_keys, None)
-        if not path.num_blocks:
+        tokens = as_token_array(token_ids)
+        path = self._walk(tokens, salt, extra_keys, None)
+        tail = self._partial_leaf(tokens, path, salt, extra_keys)
+        if tail is not None:  # the deepest node: pinning it keeps its whole path
+            node, shared = tail
+        elif not path.num_blocks:
             return 0
-        node, matched = path.steps[-1]
-        if matched < len(node.block_ids):
-            node = self.tree.split(node, matched)
+        else:
+            node, matched = path.steps[-1]
+            if matched < len(node.block_ids):
+                node = self.tree.split(node, matched)
+            shared = 0
         node.pin_count += 1
         self._refresh(node)
-        return path.num_blocks * self.block_size
+        return path.num_blocks * self.block_size + shared
 
     def unpin(
         self, token_ids: TokenIds, salt: str | None = None, extra_keys: Sequence[Hashable] = ()
     ) -> None:
         """Release the deepest pin on the cached path of ``token_ids`` (ValueError if none)."""
-        path = self._walk(as_token_array(token_ids), salt, extra_keys, None)
-        for node, matched in reversed(path.steps):
+        tokens = as_token_array(token_ids)
+        path = self._walk(tokens, salt, extra_keys, None)
+        tail = self._partial_leaf(tokens, path, salt, extra_keys)
+        deepest = [] if tail is None else [(tail[0], len(tail[0].block_ids))]
+        for node, matched in [*deepest, *reversed(path.steps)]:
             if node.pin_count and matched == len(node.block_ids):
                 node.pin_count -= 1
                 self._refresh(node)
@@ -339,6 +398,29 @@ class PrefixCache:
     ) -> PathMatch:
         limit = len(tokens) if max_tokens is None else min(len(tokens), max(0, max_tokens))
         return self.tree.walk(self._namespace(salt, extra_keys), tokens, limit // self.block_size)
+
+    def _partial_leaf(
+        self,
+        tokens: np.ndarray,
+        path: PathMatch,
+        salt: str | None,
+        extra_keys: Sequence[Hashable],
+    ) -> tuple[RadixNode, int] | None:
+        """The cached partial block's leaf that holds the tokens after ``path`` (every one of
+        them), with how many those are; None if there is none."""
+        found = self.tree.partial_next(
+            self._namespace(salt, extra_keys), path, tokens, len(tokens)
+        )
+        if found is None:
+            return None
+        block, shared = found
+        if not self.tree.is_partial(block) or shared < len(tokens) - path.num_blocks * (
+            self.block_size
+        ):
+            return None
+        node = self.tree.nodes[int(self.tree.node_of[block])]
+        assert node is not None
+        return node, shared
 
     def _touch(self, path: PathMatch, priority: int | None = None) -> None:
         """Refresh the recency (and raise the priority) of exactly the matched blocks: a node
@@ -429,11 +511,12 @@ class PrefixCache:
         whole = count == len(node.block_ids)
         if whole:
             self.index.set_evictable(node, False)
+        full = not self.tree.is_partial(int(node.block_ids[-1]))
         removed = self.tree.remove_tail(node, count)
         self.pool.put_free(removed)
         self.evictions += count
         self.blocks_removed += count
-        if self.enable_events:
+        if self.enable_events and full:  # a partial block was never announced
             self._events.append(BlockRemoved([int(h) for h in self.tree.hashes[removed]]))
         if not whole:
             self._refresh(node)

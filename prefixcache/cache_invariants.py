@@ -8,6 +8,7 @@ import numpy as np
 
 from prefixcache.eviction_index import eviction_key
 from prefixcache.hashing import namespace_hash
+from prefixcache.radix_tree import PAD
 
 if TYPE_CHECKING:
     from prefixcache.cache import PrefixCache
@@ -57,10 +58,15 @@ def _check_node(cache: PrefixCache, node: RadixNode, parent_hash: int, seen: np.
     expected_key = eviction_key(node) if cache._is_evictable(node) else None
     assert node.index_key == expected_key, f"{node} index key {node.index_key} != {expected_key}"
     current = parent_hash
-    data_rows = tree.tokens[node.block_ids]  # [num_blocks, block_size]
-    for block, row in zip(node.block_ids.tolist(), data_rows, strict=True):
+    for block in node.block_ids.tolist():
         assert not seen[block], f"block {block} cached twice"
         seen[block] = True
         assert tree.node_of[block] == node.idx, f"block {block} owner is wrong"
-        current = tree.hasher(memoryview(np.ascontiguousarray(row)).cast("B"), current)
+        if tree.is_partial(block):
+            assert len(node.block_ids) == 1 and node.children is None, f"{node}: partial inside"
+            row = tree.tokens[block]
+            fill = len(tree.block_tokens(block))
+            assert fill > 0 and (row[fill:] == PAD).all() and (row[:fill] >= 0).all()
+        data = np.ascontiguousarray(tree.block_tokens(block))
+        current = tree.hasher(memoryview(data).cast("B"), current)
         assert int(tree.hashes[block]) == current, f"block {block} hash breaks the chain"

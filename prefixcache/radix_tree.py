@@ -7,6 +7,10 @@ the node structure. It knows nothing of reference counts or eviction order: the 
 Matching descends by hash (one hash per edge: the child's first block) and then confirms the
 whole edge by comparing token arrays, so a fully cached 32K-token prompt costs one hash and one
 array comparison, and a hash collision can only end a match early.
+
+A *partial* block (fewer tokens than a block: the end of a finished request) is cached as a
+leaf node of its own, its token row padded with PAD (never a token id, so it never matches a
+full block) and its hash taken over its tokens alone; only `partial_next` finds it.
 """
 
 from __future__ import annotations
@@ -18,6 +22,9 @@ import numpy as np
 
 from prefixcache.hashing import BlockHasher, chain_block_hashes, namespace_hash
 from prefixcache.radix_node import EMPTY_BLOCKS, RadixNode
+
+PAD = -1
+"""Token-table filler past the tokens of a partial block."""
 
 NamespaceName = tuple[str | None, tuple[Hashable, ...]]
 """(salt, extra keys): requests in different namespaces never share a block."""
@@ -262,6 +269,55 @@ class RadixTree:
         upper.add_child(node)
         self.node_of[upper_ids] = upper.idx
         return upper
+
+    def block_tokens(self, block: int) -> np.ndarray:  # [n] int32, n <= block_size
+        """The tokens a cached block holds (fewer than a block for a partial one)."""
+        row = self.tokens[block]
+        return row if row[-1] != PAD else row[: int(np.argmax(row == PAD))]
+
+    def is_partial(self, block: int) -> bool:
+        return bool(self.tokens[block, -1] == PAD)
+
+    def insert_partial(
+        self,
+        name: NamespaceName,
+        path: PathMatch,
+        tokens: np.ndarray,  # [num_tokens] int32: the path's full blocks, then the partial ones
+        block: int,
+        priority: int,
+        clock: int,
+    ) -> list[RadixNode] | None:
+        """Cache ``block`` holding ``tokens[path_end:]`` (fewer than a block) as a leaf after
+        ``path``, which must cover every full block of ``tokens``. Returns the nodes whose
+        shape changed, or None (nothing changed) when the namespace already has that leaf."""
+        bs = self.block_size
+        start = path.num_blocks * bs
+        fill = len(tokens) - start
+        assert path.num_blocks == len(tokens) // bs and 0 < fill < bs
+        key = self.hasher(memoryview(tokens[start:]).cast("B"), path.parent_hash)
+        attach = self._attach_point(name, path)
+        if attach is not None:
+            node, at = attach
+            siblings = node.children if at is None else None
+            if siblings and key in siblings:
+                return None
+        changed: list[RadixNode] = []
+        if attach is None:
+            parent = self.root(name, create=True)
+            assert parent is not None
+        else:
+            parent, at = attach
+            if at is not None:
+                parent = self.split(parent, at)
+                changed.append(parent)
+        self.tokens[block] = PAD
+        self.tokens[block, :fill] = tokens[start:]
+        self.hashes[block] = key
+        leaf = self._new_node(parent, key, np.array([block], dtype=np.int32), priority, clock)
+        parent.add_child(leaf)
+        self.node_of[block] = leaf.idx
+        self.num_cached += 1
+        return [*changed, parent, leaf]
 
     # ------------------------------------------------------------------ eviction
     def remove_tail(self, node: RadixNode, count: int) -> np.ndarray:  # [count] int32

@@ -92,7 +92,8 @@ class LocalClient:
 
     def lookup(self, prompt: str | Sequence[int] | None = None, *,
                messages: Messages | None = None, salt: str | None = None) -> int:
-        return self.llm.cache.lookup(self.llm.encode(self._prefix(prompt, messages)), salt)
+        token_ids = self.llm.encode(self._prefix(prompt, messages))
+        return self.llm.cache.lookup(token_ids, salt, partial_block=True)
 
     def stats(self) -> dict[str, Any]:
         self.llm.cache.check_invariants()

@@ -42,7 +42,7 @@ def _stats_checked(llm: Any) -> dict[str, Any]:
 @router.post("/warm")
 async def warm(body: p.WarmRequest, request: Request,
                state: State) -> dict[str, Any]:
-    """Prefill the prefix so its full blocks are cached; ``pin`` keeps them from eviction."""
+    """Prefill the prefix so it is cached (to its last token); ``pin`` keeps it from eviction."""
     token_ids, salt = _prefix(state, request, body)
     check_fits(state, token_ids, SamplingParams(max_tokens=1), salt)
     check_engine_running(state)
@@ -82,7 +82,9 @@ async def lookup(body: p.CachePromptRequest, request: Request,
                  state: State) -> dict[str, Any]:
     """How many leading tokens of the prefix are cached now (changes nothing)."""
     token_ids, salt = _prefix(state, request, body)
-    cached = await call_engine(state, lambda llm: llm.cache.lookup(token_ids, salt))
+    cached = await call_engine(
+        state, lambda llm: llm.cache.lookup(token_ids, salt, partial_block=True)
+    )
     return {"prompt_tokens": len(token_ids), "cached_tokens": cached}
 
 

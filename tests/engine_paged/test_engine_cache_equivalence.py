@@ -154,3 +154,24 @@ def test_partial_block_hits_are_token_exact(tiny_llama_hd64_dir: Path, dtype: st
     assert [o.token_ids for o in outputs] == expected[1:]
     assert outputs[0].num_cached_tokens == 10
     assert_idle_and_consistent(tight)
+
+
+def test_a_finished_request_is_cached_to_its_last_token(tiny_llama_hd64_dir: Path) -> None:
+    """warm() caches the whole prompt (its last, partly filled block too), and the next turn
+    of a conversation (the previous prompt, its answer, a new message) reuses every token the
+    previous request computed; the answers equal the uncached engine's."""
+    kwargs = dict(dtype="bfloat16", block_size=4, num_blocks=64)
+    system = [(3 * i) % 200 + 5 for i in range(10)]  # 2 full blocks + 2 tokens
+    llm = LLM(str(tiny_llama_hd64_dir), **kwargs)
+    uncached = LLM(str(tiny_llama_hd64_dir), enable_prefix_caching=False, **kwargs)
+    assert llm.warm(system) == 10
+    question = [*system, 40, 41, 42]
+    first = llm.generate([question], GREEDY)[0]
+    assert first.num_cached_tokens == 10
+    assert first.token_ids == uncached.generate([question], GREEDY)[0].token_ids
+    # the last sampled token was never computed: everything before it is cached
+    follow_up = [*question, *first.token_ids, 43, 44]
+    second = llm.generate([follow_up], GREEDY)[0]
+    assert second.num_cached_tokens == len(question) + len(first.token_ids) - 1
+    assert second.token_ids == uncached.generate([follow_up], GREEDY)[0].token_ids
+    assert_idle_and_consistent(llm)

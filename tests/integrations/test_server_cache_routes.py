@@ -28,7 +28,7 @@ def lookup(http: httpx.Client, prompt: str, salt: str | None = None, **headers: 
 
 def test_warm_then_completion_hits(http: httpx.Client) -> None:
     warmed = http.post("/v1/cache/warm", json={"prompt": DOCUMENT}).json()
-    assert warmed["cached_tokens"] == (warmed["prompt_tokens"] // 4) * 4 > 0
+    assert warmed["cached_tokens"] == warmed["prompt_tokens"] > 0  # to its last token
     assert lookup(http, DOCUMENT) == warmed["cached_tokens"]
     completion = http.post("/v1/completions", json={
         "model": SERVED_NAME, "prompt": DOCUMENT + " and more", "max_tokens": 2}).json()

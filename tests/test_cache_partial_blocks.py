@@ -1,0 +1,162 @@
+"""Partial blocks: the end of a finished request cached by insert_partial, found again by
+match(partial_block=True), immutable, evictable, and invisible to full-block matching and to
+the block-hash events."""
+
+from __future__ import annotations
+
+import pytest
+from cache_reference_model import cache_prompt
+
+from prefixcache import BlockRemoved, BlockStored, CopyOp, PrefixCache
+
+BS = 4
+FULL = [1, 2, 3, 4, 5, 6, 7, 8]  # two full blocks
+
+
+def finished_request(cache: PrefixCache, tokens: list[int]) -> int:
+    """A request over ``tokens`` that caches its full blocks and its partial last block, then
+    finishes; returns the partial block's id."""
+    m = cache.match(tokens)
+    need = -(-len(tokens) // BS) - len(m.block_ids)
+    blocks = m.block_ids + cache.allocate(need)
+    cache.insert(tokens, blocks)
+    assert cache.insert_partial(tokens, blocks[-1])
+    cache.release(blocks)
+    return blocks[-1]
+
+
+def test_a_finished_requests_last_tokens_are_found_again() -> None:
+    cache = PrefixCache(8, block_size=BS)
+    tail = finished_request(cache, [*FULL, 9, 10, 11])
+    assert cache.stats()["in_use"] == 0 and cache.stats()["cached"] == 3
+    cache.check_invariants()
+    m = cache.match([*FULL, 9, 10, 11, 12, 13], partial_block=True)
+    assert (m.num_tokens, m.partial_block, m.partial_tokens) == (8, tail, 3)
+    cache.release([*m.block_ids, tail])
+    m = cache.match([*FULL, 9, 10, 99], partial_block=True)  # shares 2 of its 3 tokens
+    assert (m.partial_block, m.partial_tokens) == (tail, 2)
+    cache.release([*m.block_ids, tail])
+    cache.check_invariants()
+
+
+def test_full_block_matching_never_sees_a_partial_block() -> None:
+    """match without partial_block, lookup and a later full insert ignore it."""
+    cache = PrefixCache(8, block_size=BS)
+    tail = finished_request(cache, [*FULL, 9, 10, 11])
+    assert cache.lookup([*FULL, 9, 10, 11, 12]) == 8
+    assert cache.match([*FULL, 9, 10, 11, 12]).partial_block is None
+    cache.release(cache.match(FULL).block_ids)
+    # the same tokens as a full block are cached beside it, in a block of their own
+    blocks = cache_prompt(cache, [*FULL, 9, 10, 11, 12])
+    assert len(blocks) == 3 and tail not in blocks
+    assert cache.lookup([*FULL, 9, 10, 11, 12]) == 12
+    cache.check_invariants()
+
+
+@pytest.mark.parametrize(
+    ("cached", "tail_tokens"),
+    [
+        ([*FULL, 9, 10, 11, 12], [9, 10]),  # a full block after the path holds them
+        ([*FULL, 9, 10, 11], [9, 10]),  # a longer partial block holds them
+        ([*FULL, 9, 10], [9, 10]),  # the same partial block is cached already
+    ],
+)
+def test_a_covered_partial_block_is_not_cached_twice(
+    cached: list[int], tail_tokens: list[int]
+) -> None:
+    cache = PrefixCache(8, block_size=BS)
+    if len(cached) % BS:
+        finished_request(cache, cached)
+    else:
+        cache_prompt(cache, cached)
+    stored = cache.stats()["cached_blocks_total"]
+    m = cache.match(FULL)
+    (block,) = cache.allocate(1)
+    assert not cache.insert_partial([*FULL, *tail_tokens], block)
+    cache.release([*m.block_ids, block])
+    assert cache.stats()["cached_blocks_total"] == stored
+    cache.check_invariants()
+
+
+def test_nothing_cached_without_its_full_blocks_or_a_partial_block() -> None:
+    cache = PrefixCache(8, block_size=BS)
+    (block,) = cache.allocate(1)
+    assert not cache.insert_partial([*FULL, 9], block)  # the full blocks are not cached
+    assert not cache.insert_partial(FULL[:4], block)  # no partial block
+    assert cache.insert_partial([9, 10, 11], block)  # no full block before it: at the root
+    with pytest.raises(ValueError, match="already caches"):
+        cache.insert_partial([9, 10], block)
+    cache.release([block])
+    (unheld,) = cache.allocate(1)
+    cache.release([unheld])
+    with pytest.raises(ValueError, match="not in use"):
+        cache.insert_partial([5, 6], unheld)
+    m = cache.match([9, 10, 11, 12], partial_block=True)
+    assert (m.partial_block, m.partial_tokens) == (block, 3)
+    cache.release([block])
+    cache.check_invariants()
+
+
+def test_a_partial_block_inside_a_cached_run_splits_it() -> None:
+    """The full blocks end inside a longer cached run: the run is split there and the
+    partial block hangs beside its rest."""
+    cache = PrefixCache(8, block_size=BS)
+    cache_prompt(cache, [*FULL, 9, 10, 11, 12])
+    tail = finished_request(cache, [*FULL, 20, 21])
+    nodes = cache.stats()["nodes"]
+    assert nodes == 4  # root, the two full blocks, the third full block, the partial block
+    m = cache.match([*FULL, 20, 21, 22], partial_block=True)
+    assert (m.partial_block, m.partial_tokens) == (tail, 2)
+    cache.release([*m.block_ids, tail])
+    cache.check_invariants()
+
+
+def test_a_cached_partial_block_is_copied_before_a_write() -> None:
+    """The request that still holds it must not write into it any more."""
+    cache = PrefixCache(8, block_size=BS)
+    m = cache.match(FULL)
+    blocks = m.block_ids + cache.allocate(3)
+    cache.insert(FULL, blocks)
+    assert cache.insert_partial([*FULL, 9], blocks[2])
+    new, op = cache.copy_on_write(blocks[2])
+    assert op == CopyOp(blocks[2], new) and new != blocks[2]
+    cache.release([*blocks[:2], new])
+    cache.check_invariants()
+
+
+def test_partial_blocks_are_evicted_and_make_no_events() -> None:
+    cache = PrefixCache(3, block_size=BS, enable_events=True)
+    tail = finished_request(cache, [*FULL, 9])
+    events = cache.drain_events()
+    assert [type(e) for e in events] == [BlockStored]  # the two full blocks only
+    assert len(events[0].block_hashes) == 2
+    assert cache.allocate(1) == [tail]  # the least recently used leaf goes first
+    assert not [e for e in cache.drain_events() if isinstance(e, BlockRemoved)]
+    cache.release([tail])
+    assert cache.lookup(FULL) == 8
+    cache.check_invariants()
+
+
+def test_pin_keeps_the_partial_block_with_its_path() -> None:
+    """pin covers the prefix to its last cached token; unpin releases that pin first."""
+    cache = PrefixCache(8, block_size=BS)
+    finished_request(cache, [*FULL, 9, 10, 11])
+    assert cache.pin([*FULL, 9, 10, 11]) == 11
+    cache.reset()
+    assert cache.lookup([*FULL, 9, 10, 11], partial_block=True) == 11
+    assert cache.lookup([*FULL, 9, 10, 11]) == 8
+    cache.unpin([*FULL, 9, 10, 11])
+    with pytest.raises(ValueError):
+        cache.unpin([*FULL, 9, 10, 11])
+    assert cache.reset() == 3
+    assert cache.lookup([*FULL, 9, 10, 11], partial_block=True) == 0
+    cache.check_invariants()
+    # a prompt that stops inside the partial block pins it too; one that goes on differently
+    # pins only its full blocks
+    finished_request(cache, [*FULL, 9, 10, 11])
+    assert cache.pin([*FULL, 9, 10]) == 10
+    assert cache.pin([*FULL, 9, 12]) == 8
+    cache.unpin([*FULL, 9, 10])
+    cache.unpin([*FULL, 9, 12])
+    assert cache.stats()["pinned_nodes"] == 0
+    cache.check_invariants()
