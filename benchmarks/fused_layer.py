@@ -1,4 +1,4 @@
-"""The fused compiled decoder layer against the same compiled ops dispatched one by one.
+"""The fused compiled decoder layers against the same compiled ops dispatched one by one.
 
 SmolLM2 in bf16 on CPU, one engine, the two paths alternating round by round (the separate
 path is what the engine runs when the runner offers no ``paged_step``): decode time per token
