@@ -201,6 +201,22 @@ class RadixTree:
         node, matched = path.steps[-1]
         return (node, None) if matched == len(node.block_ids) else (node, matched)
 
+    def _attach_parent(
+        self, name: NamespaceName, path: PathMatch
+    ) -> tuple[RadixNode, list[RadixNode]]:
+        """The node new blocks attach under after ``path`` (the namespace's root is created, a
+        node matched in part is split first), and the nodes whose shape that changed."""
+        attach = self._attach_point(name, path)
+        if attach is None:
+            root = self.root(name, create=True)
+            assert root is not None
+            return root, []
+        parent, at = attach
+        if at is None:
+            return parent, []
+        upper = self.split(parent, at)
+        return upper, [upper]
+
     def commit_insert(
         self,
         plan: InsertPlan,
@@ -217,16 +233,7 @@ class RadixTree:
         hashes = chain_block_hashes(
             tokens, self.block_size, first, end, path.parent_hash, self.hasher
         )
-        attach = self._attach_point(plan.name, path)
-        changed: list[RadixNode] = []
-        if attach is None:
-            parent = self.root(plan.name, create=True)
-            assert parent is not None
-        else:
-            parent, at = attach
-            if at is not None:
-                parent = self.split(parent, at)
-                changed.append(parent)
+        parent, changed = self._attach_parent(plan.name, path)
         new_block_ids = new_block_ids.astype(np.int32, copy=False)
         self.tokens[new_block_ids] = tokens[
             first * self.block_size : end * self.block_size
@@ -301,15 +308,7 @@ class RadixTree:
             siblings = node.children if at is None else None
             if siblings and key in siblings:
                 return None
-        changed: list[RadixNode] = []
-        if attach is None:
-            parent = self.root(name, create=True)
-            assert parent is not None
-        else:
-            parent, at = attach
-            if at is not None:
-                parent = self.split(parent, at)
-                changed.append(parent)
+        parent, changed = self._attach_parent(name, path)
         self.tokens[block] = PAD
         self.tokens[block, :fill] = tokens[start:]
         self.hashes[block] = key
