@@ -131,7 +131,7 @@ class LLM:
     def warm(self, prompt: str | Sequence[int], salt: str | None = None, pin: bool = False) -> int:
         """Prefill ``prompt`` without sampling, leaving it cached (its full blocks and the
         partly filled last one); returns how many prompt tokens are cached afterwards. ``pin``
-        keeps its full blocks from eviction until unpinned."""
+        keeps them from eviction until unpinned."""
         token_ids = self._encode_all(prompt)[0]
         self.generate([token_ids], SamplingParams(max_tokens=1, temperature=0.0), salt)
         if pin:

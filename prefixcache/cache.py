@@ -241,24 +241,26 @@ class PrefixCache:
         ``block_id``, after their full blocks (the end of a finished request), so that
         ``match(partial_block=True)`` can hand them out for copying.
 
-        The block must be held (ref > 0) and not cached; from now on it is immutable (a write
-        copies it first, see ``copy_on_write``). Nothing is cached (returns False) when the
-        full blocks are not all cached, there is no partial block, or a cached block after
-        them already holds those tokens. A partial block makes no ``BlockStored`` event.
+        The block must be held (ref > 0) and not cached elsewhere; from now on it is immutable
+        (a write copies it first, see ``copy_on_write``). Nothing is cached (returns False)
+        when the full blocks are not all cached, there is no partial block, or a cached block
+        after them (``block_id`` itself included) already holds those tokens. A partial block
+        makes no ``BlockStored`` event.
         """
         tokens = as_token_array(token_ids)
         (block,) = as_block_ids([block_id], self.num_blocks).tolist()
         full = len(tokens) // self.block_size
         if len(tokens) == full * self.block_size:
             return False
-        self._check_insertable(np.array([block], dtype=np.int32))
         name = self._namespace(salt, extra_keys)
         path = self.tree.walk(name, tokens, full)
         if path.num_blocks < full:
             return False
+        # already held by a cached block (this one too: forked requests share a block)
         covering = self.tree.partial_next(name, path, tokens, len(tokens))
         if covering is not None and covering[1] == len(tokens) - full * self.block_size:
             return False
+        self._check_insertable(np.array([block], dtype=np.int32))
         self._touch(path, priority)
         changed = self.tree.insert_partial(name, path, tokens, block, priority, self._clock)
         if changed is None:

@@ -84,9 +84,14 @@ def test_nothing_cached_without_its_full_blocks_or_a_partial_block() -> None:
     assert not cache.insert_partial([*FULL, 9], block)  # the full blocks are not cached
     assert not cache.insert_partial(FULL[:4], block)  # no partial block
     assert cache.insert_partial([9, 10, 11], block)  # no full block before it: at the root
-    with pytest.raises(ValueError, match="already caches"):
-        cache.insert_partial([9, 10], block)
+    assert not cache.insert_partial([9, 10, 11], block)  # again (forks share a block): a no-op
+    assert not cache.insert_partial([9, 10], block)  # covered by it
     cache.release([block])
+    cache_prompt(cache, FULL)
+    held = cache.match(FULL).block_ids
+    with pytest.raises(ValueError, match="already caches"):  # a full block elsewhere
+        cache.insert_partial([20, 21], held[0])
+    cache.release(held)
     (unheld,) = cache.allocate(1)
     cache.release([unheld])
     with pytest.raises(ValueError, match="not in use"):

@@ -175,3 +175,18 @@ def test_a_finished_request_is_cached_to_its_last_token(tiny_llama_hd64_dir: Pat
     assert second.num_cached_tokens == len(question) + len(first.token_ids) - 1
     assert second.token_ids == uncached.generate([follow_up], GREEDY)[0].token_ids
     assert_idle_and_consistent(llm)
+
+
+def test_forked_samples_that_end_at_once_share_their_last_block(tiny_llama_dir: Path) -> None:
+    """n samples of one token each finish on the prompt's shared, partly filled block: the
+    first caches it, the others find it cached already, and nothing leaks."""
+    llm = LLM(str(tiny_llama_dir), dtype="float32", num_blocks=64, block_size=4)
+    prompt = list(range(1, 11))  # 2 full blocks + 2 tokens
+    params = SamplingParams(n=3, max_tokens=1, temperature=1.0, seed=1)
+    first = llm.generate([prompt], params)[0]
+    assert len(first.outputs) == 3
+    assert llm.cache.lookup(prompt, partial_block=True) == 10
+    again = llm.generate([prompt], params)[0]
+    assert [o.token_ids for o in again.outputs] == [o.token_ids for o in first.outputs]
+    assert again.num_cached_tokens == 9  # the last prompt token is always computed
+    assert_idle_and_consistent(llm)
