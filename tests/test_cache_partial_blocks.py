@@ -4,13 +4,19 @@ the block-hash events."""
 
 from __future__ import annotations
 
+from collections import Counter
+
 import pytest
 from cache_reference_model import cache_prompt
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from prefixcache import BlockRemoved, BlockStored, CopyOp, PrefixCache
 
 BS = 4
 FULL = [1, 2, 3, 4, 5, 6, 7, 8]  # two full blocks
+TOKENS = st.lists(st.integers(0, 2), min_size=1, max_size=11)  # few symbols: much sharing
 
 
 def finished_request(cache: PrefixCache, tokens: list[int]) -> int:
@@ -165,3 +171,88 @@ def test_pin_keeps_the_partial_block_with_its_path() -> None:
     cache.unpin([*FULL, 9, 12])
     assert cache.stats()["pinned_nodes"] == 0
     cache.check_invariants()
+
+
+class PartialBlockMachine(RuleBasedStateMachine):
+    """Random requests that cache their partial last blocks, matches that hand them out,
+    evictions, pins and resets: the invariants hold after every step, and every hit (full
+    blocks and the partial block) holds exactly the query's tokens."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.cache = PrefixCache(12, block_size=3)
+        self.held: list[list[int]] = []
+        self.pinned: list[list[int]] = []
+
+    @rule(tokens=TOKENS)
+    def finished_request(self, tokens: list[int]) -> None:
+        cache = self.cache
+        m = cache.match(tokens, partial_block=True)
+        need = -(-len(tokens) // 3) - len(m.block_ids)
+        if not cache.can_allocate(need):
+            cache.release(m.block_ids if m.partial_block is None else [*m.block_ids,
+                                                                       m.partial_block])
+            return
+        blocks = m.block_ids + cache.allocate(need)
+        if m.partial_block is not None:
+            cache.release([m.partial_block])  # "copied" into blocks[len(m.block_ids)]
+        cache.insert(tokens, blocks)
+        if len(tokens) % 3:
+            cache.insert_partial(tokens, blocks[-1])
+        cache.release(blocks)
+
+    @rule(tokens=TOKENS, keep=st.booleans(), cap=st.none() | st.integers(0, 12))
+    def match(self, tokens: list[int], keep: bool, cap: int | None) -> None:
+        m = self.cache.match(tokens, max_tokens=cap, partial_block=True)
+        limit = len(tokens) if cap is None else min(cap, len(tokens))
+        assert m.num_tokens + m.partial_tokens <= limit
+        tree = self.cache.tree
+        for i, block in enumerate(m.block_ids):
+            assert tree.tokens[block].tolist() == tokens[3 * i : 3 * i + 3]
+        held = list(m.block_ids)
+        if m.partial_block is not None:
+            assert 0 < m.partial_tokens < 3
+            stored = tree.tokens[m.partial_block, : m.partial_tokens].tolist()
+            assert stored == tokens[m.num_tokens : m.num_tokens + m.partial_tokens]
+            held.append(m.partial_block)
+        if keep and held:
+            self.held.append(held)
+        elif held:
+            self.cache.release(held)
+
+    @rule(data=st.data())
+    def release(self, data: st.DataObject) -> None:
+        if self.held:
+            self.cache.release(self.held.pop(data.draw(st.integers(0, len(self.held) - 1))))
+
+    @rule(n=st.integers(1, 4))
+    def allocate_and_free(self, n: int) -> None:  # evicts cached leaves, partial ones too
+        if self.cache.can_allocate(n):
+            self.cache.release(self.cache.allocate(n))
+
+    @rule(tokens=TOKENS)
+    def pin(self, tokens: list[int]) -> None:
+        if self.cache.pin(tokens):
+            self.pinned.append(tokens)
+
+    @rule()
+    def unpin(self) -> None:
+        if self.pinned:
+            self.cache.unpin(self.pinned.pop())
+
+    @rule()
+    def reset(self) -> None:
+        self.cache.reset()
+
+    @invariant()
+    def consistent(self) -> None:
+        self.cache.check_invariants()
+        held = Counter(b for blocks in self.held for b in blocks)
+        assert all(self.cache.pool.ref[b] == r for b, r in held.items())
+
+
+PartialBlockMachine.TestCase.settings = settings(
+    max_examples=40, stateful_step_count=60, deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)  # fmt: skip
+TestPartialBlockMachine = PartialBlockMachine.TestCase
