@@ -78,6 +78,9 @@ class PagedAttention:
                 prefill_query_start_loc=rows(meta.prefill_query_start_loc),
                 prefill_context_lens=rows(meta.prefill_context_lens),
                 scale=self.scale,
+                sample_rows=meta.sample_rows,
+                sample_block_tables=rows(meta.sample_block_tables),
+                sample_seq_lens=rows(meta.sample_seq_lens),
             )
         return self._step, k_cache, self.kv.v[layer_idx]
 

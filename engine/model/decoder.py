@@ -155,13 +155,16 @@ class CausalLM(nn.Module):
         hidden = self.embed_tokens(input_ids)  # [T, hidden]
         cos_sin = self.rotary.cos_sin(positions, hidden.dtype)  # [T, 2, head_dim]
         residual: Tensor | None = None
+        fused = self._fused_run(list(self.layers), attention, hidden)
+        if fused is not None and (output_rows is None or output_rows is fused[1].sample_rows):
+            # every layer as one compiled call: the same kernels and results as op by op
+            hidden, residual = cpu_kernels().decoder_layers_cpu(
+                hidden, None, cos_sin, *fused, sampled_rows_only=output_rows is not None
+            )
+            return self.norm.add_and_norm_(hidden, residual)
         *body, last = self.layers
-        fused = self._fused_run(body, attention, hidden)
-        if fused is not None:  # the body as one compiled call: the same kernels and results
-            hidden, residual = cpu_kernels().decoder_layers_cpu(hidden, None, cos_sin, *fused)
-        else:
-            for layer in body:
-                hidden, residual = layer(hidden, residual, cos_sin, attention)
+        for layer in body:
+            hidden, residual = layer(hidden, residual, cos_sin, attention)
         hidden, residual = last(hidden, residual, cos_sin, attention, output_rows)
         return self.norm.add_and_norm_(hidden, residual)
 

@@ -13,6 +13,7 @@
  */
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "cpu_kernels.h"
 #include "simd_math.h"
@@ -38,6 +39,14 @@ typedef struct {
     int64_t prefill_tables_stride, prefill_max_blocks;
     const int32_t *prefill_starts;  /* [num_prefill + 1], rows relative to num_decode */
     const int32_t *prefill_context; /* [num_prefill] */
+    /* -1: every row goes through the whole layer; else only rows out_rows[0 .. num_out) go on
+     * past the KV write (as decode rows over out_tables / out_lens), their outputs and residual
+     * stream in rows [0, num_out) of out and of the stream, which are then the only valid ones */
+    int64_t num_out;
+    const int64_t *out_rows; /* [num_out], ascending */
+    const int32_t *out_tables;
+    int64_t out_tables_stride, out_max_blocks;
+    const int32_t *out_lens; /* [num_out]: keys each row sees, itself included */
 } layer_args;
 
 static __thread bf16 *tls_buf = NULL;
@@ -59,6 +68,37 @@ void pc_release_layer_scratch(void) {
     free(tls_buf);
     tls_buf = NULL;
     tls_elems = 0;
+}
+
+/* The rest of the layer for rows out_rows only, after every row's KV write: their queries
+ * gathered and attended to as decode rows, their residual rows moved to the front of the
+ * stream (rows only move down: out_rows ascend), then the output projection and the MLP. */
+static int selected_rows(const layer_args *a, const bf16 *qkv, bf16 *attended, bf16 *gate_up,
+                         bf16 *normed, bf16 *act, bf16 *residual) {
+    const int64_t R = a->num_out, H = a->hidden, D = a->head_dim, nt = a->threads;
+    const int64_t qkv_w = (a->heads + 2 * a->kv_heads) * D, attn_w = a->heads * D;
+    const int64_t gu_w = 2 * a->inter;
+    if (R == 0) return 0;
+    bf16 *queries = gate_up; /* [R][attn_w], free until the MLP */
+    for (int64_t i = 0; i < R; i++)
+        memcpy(queries + i * attn_w, qkv + a->out_rows[i] * qkv_w, (size_t)attn_w * 2);
+    const int err = pa_paged_attention(
+        queries, attn_w, D, queries, attn_w, D, queries, attn_w, D, a->k_cache, a->v_cache, 0,
+        NULL, NULL, a->num_blocks, a->out_tables, a->out_tables_stride, a->out_max_blocks, NULL,
+        a->out_lens, (int)R, R, attended, (int)a->heads, (int)a->kv_heads, (int)D,
+        (int)a->block_size, (float)a->scale, 1, (int)nt);
+    if (err) return err;
+    for (int64_t i = 0; i < R; i++)
+        if (a->out_rows[i] != i)
+            memcpy(residual + i * H, residual + a->out_rows[i] * H, (size_t)H * 2);
+    bf16 *projected = gate_up;
+    const float eps = (float)a->eps;
+    pc_linear(attended, attn_w, R, attn_w / 2, a->o_w, H, NULL, projected, H, (int)nt);
+    pc_rms_norm(projected, H, residual, H, a->post_norm, normed, H, R, H, eps, (int)nt);
+    pc_linear(normed, H, R, H / 2, a->gate_up_w, gu_w, NULL, gate_up, gu_w, (int)nt);
+    pc_silu_and_mul(gate_up, gu_w, act, a->inter, R, a->inter, (int)nt);
+    pc_linear(act, a->inter, R, a->inter / 2, a->down_w, H, NULL, a->out, H, (int)nt);
+    return 0;
 }
 
 /* Runs the layer; returns 0, -7 for a slot outside the pool (nothing written to the pool),
@@ -84,6 +124,7 @@ int pc_decoder_layer(const layer_args *a) {
     if (pc_store_kv(k, qkv_w, D, v, qkv_w, D, a->k_cache, a->v_cache, a->slots, T, a->kv_heads,
                     D, a->num_blocks * a->block_size))
         return -7;
+    if (a->num_out >= 0) return selected_rows(a, qkv, attended, gate_up, normed, act, residual);
     const int64_t nd = a->num_decode;
     int err = 0;
     if (nd > 0)

@@ -35,7 +35,9 @@ class PagedStep:
 
     Rows ``[0, num_decode)`` decode (one per sequence, over ``decode_seq_lens`` cached tokens,
     themselves included); the rest are prefill chunks laid out by ``prefill_query_start_loc``
-    (relative to row ``num_decode``) over ``prefill_context_lens`` cached tokens.
+    (relative to row ``num_decode``) over ``prefill_context_lens`` cached tokens. The rows
+    ``sample_rows`` sample a token; each sees ``sample_seq_lens`` keys through its row of
+    ``sample_block_tables``.
     """
 
     slot_mapping: torch.Tensor  # [num_tokens] int64, -1 skips
@@ -46,21 +48,28 @@ class PagedStep:
     prefill_query_start_loc: torch.Tensor  # [num_prefill + 1] int32
     prefill_context_lens: torch.Tensor  # [num_prefill] int32
     scale: float
+    sample_rows: torch.Tensor  # [num_sampled] int64, ascending
+    sample_block_tables: torch.Tensor  # [num_sampled, max_blocks] int32
+    sample_seq_lens: torch.Tensor  # [num_sampled] int32
 
     @functools.cached_property
     def _fields(self) -> tuple[tuple[str, int | float], ...]:
         """The step's ``layer_args`` fields, checked once and reused by every layer."""
         if self.slot_mapping.dtype is not torch.int64 or self.slot_mapping.dim() != 1:
             raise ValueError("slot_mapping must be int64 [num_tokens]")
+        if self.sample_rows.dtype is not torch.int64 or self.sample_rows.dim() != 1:
+            raise ValueError("sample_rows must be int64 [num_sampled]")
         tensors = (
-            self.slot_mapping, self.decode_block_tables, self.decode_seq_lens,
+            self.slot_mapping, self.sample_rows, self.decode_block_tables, self.decode_seq_lens,
             self.prefill_block_tables, self.prefill_query_start_loc, self.prefill_context_lens,
+            self.sample_block_tables, self.sample_seq_lens,
         )  # fmt: skip
         if not all(t.is_cpu and t.is_contiguous() for t in tensors) or any(
-            t.dtype is not torch.int32 for t in tensors[1:]
+            t.dtype is not torch.int32 for t in tensors[2:]
         ):
             raise ValueError("step tables must be contiguous CPU int32 tensors")
         decode, prefill = self.decode_block_tables, self.prefill_block_tables
+        sample = self.sample_block_tables
         return (
             ("slots", self.slot_mapping.data_ptr()), ("num_decode", self.num_decode),
             ("decode_tables", decode.data_ptr()), ("decode_tables_stride", decode.stride(0)),
@@ -71,6 +80,9 @@ class PagedStep:
             ("prefill_max_blocks", prefill.shape[1]),
             ("prefill_starts", self.prefill_query_start_loc.data_ptr()),
             ("prefill_context", self.prefill_context_lens.data_ptr()), ("scale", self.scale),
+            ("num_out", -1), ("out_rows", self.sample_rows.data_ptr()),
+            ("out_tables", sample.data_ptr()), ("out_tables_stride", sample.stride(0)),
+            ("out_max_blocks", sample.shape[1]), ("out_lens", self.sample_seq_lens.data_ptr()),
         )  # fmt: skip
 
 
@@ -126,6 +138,9 @@ class _LayerArgs(ctypes.Structure):
         ("num_prefill", ctypes.c_int64), ("prefill_tables", ctypes.c_void_p),
         ("prefill_tables_stride", ctypes.c_int64), ("prefill_max_blocks", ctypes.c_int64),
         ("prefill_starts", ctypes.c_void_p), ("prefill_context", ctypes.c_void_p),
+        ("num_out", ctypes.c_int64), ("out_rows", ctypes.c_void_p),
+        ("out_tables", ctypes.c_void_p), ("out_tables_stride", ctypes.c_int64),
+        ("out_max_blocks", ctypes.c_int64), ("out_lens", ctypes.c_void_p),
     ]  # fmt: skip
 
 
@@ -168,13 +183,15 @@ def decoder_layers_cpu(
     step: PagedStep,
     k_caches: Sequence[torch.Tensor],  # each [num_blocks, block_size, num_kv_heads, head_dim]
     v_caches: Sequence[torch.Tensor],  # each [num_blocks, block_size, num_kv_heads, head_dim]
+    sampled_rows_only: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:  # (mlp_out, residual), each [num_tokens, hidden]
     """Decoder layers ``layers[i]`` over pools ``k_caches[i]`` / ``v_caches[i]``, one after the
     other in one compiled call: the last layer's MLP output and the residual stream before it
     is added. ``residual`` is updated in place; without one (the model's first layer)
     ``delta`` becomes the stream. The new tokens' k/v are written into every layer's pool.
-    ValueError for bad inputs, slots or tables (the pools up to the failing layer may then
-    hold the new k/v)."""
+    With ``sampled_rows_only`` the last layer goes on past its KV write for ``step.sample_rows``
+    alone, and both results have one row per sampled row. ValueError for bad inputs, slots or
+    tables (the pools up to the failing layer may then hold the new k/v)."""
     count = len(layers)
     if count == 0 or len(k_caches) != count or len(v_caches) != count:
         raise ValueError("need one K and one V pool per layer, and at least one layer")
@@ -204,6 +221,9 @@ def decoder_layers_cpu(
         layer.out = out.data_ptr()
         if i == 0 and stream is None:
             stream = delta_ptr
+    sampled = step.sample_rows.shape[0]
+    if sampled_rows_only:
+        args[count - 1].num_out = sampled
     lib = load_library()
     if lib is None:
         raise RuntimeError("the compiled CPU kernels are unavailable on this machine")
@@ -212,4 +232,7 @@ def decoder_layers_cpu(
     if status:
         message = _ERRORS.get(status, f"the fused decoder layer failed ({status})")
         raise ValueError(f"{message} (layer {failed.value} of the run)")
-    return out, delta if residual is None else residual
+    stream_tensor = delta if residual is None else residual
+    if sampled_rows_only:
+        return out[:sampled], stream_tensor[:sampled]
+    return out, stream_tensor

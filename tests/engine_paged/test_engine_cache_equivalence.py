@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from kernel_calls import CPU_MODEL_OP_NAMES, record_cpu_kernel_calls
+from kernel_calls import CPU_ATTENTION_NAMES, CPU_MODEL_OP_NAMES, record_cpu_kernel_calls
 
 from prefixcache.engine.llm import LLM
 from prefixcache.engine.sampling_params import SamplingParams
@@ -69,10 +69,11 @@ def test_cached_equals_uncached_bf16_cpu_kernel(
     assert llm.stats()["hit_tokens"] >= 4 * (37 // block_size) * block_size
     assert_idle_and_consistent(llm)
     if cpu_kernels().cpu_attention_available():
-        # every layer but the last runs fused; the last one computes the sampled rows only
-        # (a decode-style attention for them) through the separate compiled ops
-        fused = {"decoder_layers_cpu", "paged_decode_attention_cpu", "linear_cpu"}
-        assert fused | set(CPU_MODEL_OP_NAMES) - {"rms_norm_cpu"} <= set(calls)
+        # every layer runs in the one fused call (the last for the sampled rows only); then
+        # the final norm and the output head
+        assert {"decoder_layers_cpu", "add_rms_norm_cpu_", "linear_cpu"} <= set(calls)
+        separate = set(CPU_ATTENTION_NAMES) | set(CPU_MODEL_OP_NAMES) - {"add_rms_norm_cpu_"}
+        assert not separate & set(calls)
 
 
 def test_batched_equals_sequential(tiny_qwen2_dir: Path) -> None:

@@ -65,7 +65,8 @@ def test_a_bad_slot_raises_and_the_engine_keeps_serving(tiny_llama_hd64_dir: Pat
         torch.tensor([10_000], dtype=torch.int64), 0,
         torch.zeros(0, 1, dtype=torch.int32), torch.zeros(0, dtype=torch.int32),
         torch.zeros(1, 1, dtype=torch.int32), torch.tensor([0, 1], dtype=torch.int32),
-        torch.zeros(1, dtype=torch.int32), 0.125,
+        torch.zeros(1, dtype=torch.int32), 0.125, torch.zeros(1, dtype=torch.int64),
+        torch.zeros(1, 1, dtype=torch.int32), torch.ones(1, dtype=torch.int32),
     )  # fmt: skip
     hidden = llm.engine.runner.model.config.hidden_size
     delta = torch.zeros(1, hidden, dtype=torch.bfloat16)
