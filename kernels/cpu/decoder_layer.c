@@ -70,6 +70,20 @@ void pc_release_layer_scratch(void) {
     tls_elems = 0;
 }
 
+/* The layer after the attention, for `rows` rows: out = MLP(rms_norm(residual += attended
+ * Wo^T)). The o projection lands in gate_up's space, free until the MLP. */
+static void mlp_half(const layer_args *a, int64_t rows, const bf16 *attended, bf16 *gate_up,
+                     bf16 *normed, bf16 *act, bf16 *residual) {
+    const int64_t H = a->hidden, attn_w = a->heads * a->head_dim, gu_w = 2 * a->inter;
+    const int nt = (int)a->threads;
+    bf16 *projected = gate_up;
+    pc_linear(attended, attn_w, rows, attn_w / 2, a->o_w, H, NULL, projected, H, nt);
+    pc_rms_norm(projected, H, residual, H, a->post_norm, normed, H, rows, H, (float)a->eps, nt);
+    pc_linear(normed, H, rows, H / 2, a->gate_up_w, gu_w, NULL, gate_up, gu_w, nt);
+    pc_silu_and_mul(gate_up, gu_w, act, a->inter, rows, a->inter, nt);
+    pc_linear(act, a->inter, rows, a->inter / 2, a->down_w, H, NULL, a->out, H, nt);
+}
+
 /* The rest of the layer for rows out_rows only, after every row's KV write: their queries
  * gathered and attended to as decode rows, their residual rows moved to the front of the
  * stream (rows only move down: out_rows ascend), then the output projection and the MLP. */
@@ -77,7 +91,6 @@ static int selected_rows(const layer_args *a, const bf16 *qkv, bf16 *attended, b
                          bf16 *normed, bf16 *act, bf16 *residual) {
     const int64_t R = a->num_out, H = a->hidden, D = a->head_dim, nt = a->threads;
     const int64_t qkv_w = (a->heads + 2 * a->kv_heads) * D, attn_w = a->heads * D;
-    const int64_t gu_w = 2 * a->inter;
     if (R == 0) return 0;
     bf16 *queries = gate_up; /* [R][attn_w], free until the MLP */
     for (int64_t i = 0; i < R; i++)
@@ -91,13 +104,7 @@ static int selected_rows(const layer_args *a, const bf16 *qkv, bf16 *attended, b
     for (int64_t i = 0; i < R; i++)
         if (a->out_rows[i] != i)
             memcpy(residual + i * H, residual + a->out_rows[i] * H, (size_t)H * 2);
-    bf16 *projected = gate_up;
-    const float eps = (float)a->eps;
-    pc_linear(attended, attn_w, R, attn_w / 2, a->o_w, H, NULL, projected, H, (int)nt);
-    pc_rms_norm(projected, H, residual, H, a->post_norm, normed, H, R, H, eps, (int)nt);
-    pc_linear(normed, H, R, H / 2, a->gate_up_w, gu_w, NULL, gate_up, gu_w, (int)nt);
-    pc_silu_and_mul(gate_up, gu_w, act, a->inter, R, a->inter, (int)nt);
-    pc_linear(act, a->inter, R, a->inter / 2, a->down_w, H, NULL, a->out, H, (int)nt);
+    mlp_half(a, R, attended, gate_up, normed, act, residual);
     return 0;
 }
 
@@ -143,13 +150,7 @@ int pc_decoder_layer(const layer_args *a) {
                                  (int)a->heads, (int)a->kv_heads, (int)D, (int)a->block_size,
                                  (float)a->scale, 0, (int)nt);
     if (err) return err;
-    /* the o projection lands in act's space, free until the MLP */
-    bf16 *projected = gate_up;
-    pc_linear(attended, attn_w, T, attn_w / 2, a->o_w, H, NULL, projected, H, (int)nt);
-    pc_rms_norm(projected, H, residual, H, a->post_norm, normed, H, T, H, eps, (int)nt);
-    pc_linear(normed, H, T, H / 2, a->gate_up_w, gu_w, NULL, gate_up, gu_w, (int)nt);
-    pc_silu_and_mul(gate_up, gu_w, act, a->inter, T, a->inter, (int)nt);
-    pc_linear(act, a->inter, T, a->inter / 2, a->down_w, H, NULL, a->out, H, (int)nt);
+    mlp_half(a, T, attended, gate_up, normed, act, residual);
     return 0;
 }
 
