@@ -184,7 +184,7 @@ def decoder_layers_cpu(
     k_caches: Sequence[torch.Tensor],  # each [num_blocks, block_size, num_kv_heads, head_dim]
     v_caches: Sequence[torch.Tensor],  # each [num_blocks, block_size, num_kv_heads, head_dim]
     sampled_rows_only: bool = False,
-) -> tuple[torch.Tensor, torch.Tensor]:  # (mlp_out, residual), each [num_tokens, hidden]
+) -> tuple[torch.Tensor, torch.Tensor]:  # (mlp_out, residual), each [num_tokens or R, hidden]
     """Decoder layers ``layers[i]`` over pools ``k_caches[i]`` / ``v_caches[i]``, one after the
     other in one compiled call: the last layer's MLP output and the residual stream before it
     is added. ``residual`` is updated in place; without one (the model's first layer)
@@ -223,6 +223,11 @@ def decoder_layers_cpu(
             stream = delta_ptr
     sampled = step.sample_rows.shape[0]
     if sampled_rows_only:
+        rows = step.sample_rows
+        if sampled and (
+            int(rows[0]) < 0 or int(rows[-1]) >= tokens or bool((rows[1:] <= rows[:-1]).any())
+        ):
+            raise ValueError(f"sample_rows must be ascending rows of the {tokens} tokens")
         args[count - 1].num_out = sampled
     lib = load_library()
     if lib is None:

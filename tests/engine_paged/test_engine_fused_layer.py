@@ -3,6 +3,7 @@ one, over every kind of step: prefix hits, chunked prefill, decode batches, n > 
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -74,6 +75,14 @@ def test_a_bad_slot_raises_and_the_engine_keeps_serving(tiny_llama_hd64_dir: Pat
     with pytest.raises(ValueError, match="slot"):
         cpu_kernels().decoder_layers_cpu(
             delta, None, cos_sin, [weights], step, [kv.k[0]], [kv.v[0]]
+        )
+    outside = dataclasses.replace(
+        step, slot_mapping=torch.tensor([0]), sample_rows=torch.tensor([5])
+    )
+    with pytest.raises(ValueError, match="sample_rows"):  # a row past the step's tokens
+        cpu_kernels().decoder_layers_cpu(
+            delta.clone(), None, cos_sin, [weights], outside, [kv.k[0]], [kv.v[0]],
+            sampled_rows_only=True,
         )
     out = llm.generate([[1, 2, 3]], SamplingParams(max_tokens=3, temperature=0.0))
     assert len(out[0].token_ids) == 3 and llm.stats()["in_use"] == 0
