@@ -49,25 +49,17 @@ typedef struct {
     const int32_t *out_lens; /* [num_out]: keys each row sees, itself included */
 } layer_args;
 
-static __thread bf16 *tls_buf = NULL;
-static __thread int64_t tls_elems = 0;
+static __thread void *tls_buf = NULL;
+static __thread int64_t tls_bytes = 0;
 
 /* The calling thread's scratch of at least n bf16 elements (grown, never shrunk). */
-static bf16 *scratch_bf16(int64_t n) {
-    if (n > tls_elems) {
-        free(tls_buf);
-        n += n / 4;
-        tls_buf = aligned_alloc(64, (size_t)((n * 2 + 63) / 64 * 64));
-        tls_elems = tls_buf ? n : 0;
-    }
-    return tls_buf;
-}
+static bf16 *scratch_bf16(int64_t n) { return grow_buffer(&tls_buf, &tls_bytes, n * 2); }
 
 /* Frees the calling thread's scratch. */
 void pc_release_layer_scratch(void) {
     free(tls_buf);
     tls_buf = NULL;
-    tls_elems = 0;
+    tls_bytes = 0;
 }
 
 /* The layer after the attention, for `rows` rows: out = MLP(rms_norm(residual += attended

@@ -608,18 +608,10 @@ static int by_cost_desc(const void *x, const void *y) {
 
 /* ------------------------------------------------------------------ workspace */
 
-static __thread char *tls_ws = NULL;
+static __thread void *tls_ws = NULL;
 static __thread int64_t tls_ws_bytes = 0;
 
-static char *workspace(int64_t bytes) {
-    if (bytes > tls_ws_bytes) {
-        free(tls_ws);
-        bytes += bytes / 4;
-        tls_ws = aligned_alloc(64, (size_t)((bytes + 63) / 64 * 64));
-        tls_ws_bytes = tls_ws ? bytes : 0;
-    }
-    return tls_ws;
-}
+static char *workspace(int64_t bytes) { return grow_buffer(&tls_ws, &tls_ws_bytes, bytes); }
 
 /* Frees the calling thread's cached workspace. */
 void pa_release_workspace(void) {

@@ -10,6 +10,7 @@
 
 #include <immintrin.h>
 #include <stdint.h>
+#include <stdlib.h>
 
 typedef uint16_t bf16; /* also in cpu_kernels.h: C11 allows the identical repeat */
 
@@ -59,6 +60,18 @@ static inline __m512 exp_ps(__m512 x) {
     const __m512 correction = _mm512_fmadd_ps(err, _mm512_set1_ps(0.69314718055994531f),
                                               _mm512_set1_ps(1.0f));
     return _mm512_mul_ps(exp2_ps(t), correction);
+}
+
+/* Grows a buffer kept by the calling thread (*buf, *have bytes) to at least `bytes`, with a
+ * quarter of headroom, 64-byte aligned, never shrunk; returns it, or NULL out of memory. */
+static inline void *grow_buffer(void **buf, int64_t *have, int64_t bytes) {
+    if (bytes > *have) {
+        free(*buf);
+        bytes += bytes / 4;
+        *buf = aligned_alloc(64, (size_t)((bytes + 63) / 64 * 64));
+        *have = *buf ? bytes : 0;
+    }
+    return *buf;
 }
 
 #endif
