@@ -29,6 +29,17 @@ int pc_copy_blocks(char *const *pools, int64_t num_pools, int64_t block_bytes,
 void pc_linear(const bf16 *x, int64_t x_stride, int64_t rows, int64_t k_pairs,
                const bf16 *packed, int64_t n_out, const bf16 *bias, bf16 *out,
                int64_t out_stride, int num_threads);
+/* What a GEMM of many rows brings into L2 for what runs after it (pc_linear_prefetching). */
+typedef struct {
+    const char *k_pool, *v_pool;     /* a KV pool's bases */
+    const int32_t *blocks;           /* ids of its blocks read next, in reading order */
+    int64_t num_blocks, block_bytes; /* entries of blocks; bytes of a block of K (= of V) */
+    const bf16 *next_w;              /* the packed weight of the GEMM that follows, or NULL */
+    int64_t next_k_pairs, next_n_out; /* its input pairs and output columns (same rows) */
+} gemm_prefetch;
+void pc_linear_prefetching(const bf16 *x, int64_t x_stride, int64_t rows, int64_t k_pairs,
+                           const bf16 *packed, int64_t n_out, const bf16 *bias, bf16 *out,
+                           int64_t out_stride, int num_threads, const gemm_prefetch *ahead);
 /* paged_attention.c */
 int pa_paged_attention(const bf16 *q, int64_t q_st, int64_t q_sh, const bf16 *k, int64_t k_st,
                        int64_t k_sh, const bf16 *v, int64_t v_st, int64_t v_sh,

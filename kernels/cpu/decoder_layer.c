@@ -9,7 +9,10 @@
  *   normed   = rms_norm(residual += attended Wo^T)
  *   out      = (silu(normed Wgate^T) * normed Wup^T) Wdown^T
  *
- * The same roundings as the separate ops, so the results are theirs exactly.
+ * The same roundings as the separate ops, so the results are theirs exactly. Each GEMM's tiles
+ * also bring into L2 what comes right after it (pc_linear_prefetching): the QKV projection the
+ * pool blocks of the prefills' cached prefixes (which the attention then reads), every GEMM
+ * the first strip of the next one, the down projection the next layer's QKV.
  */
 #include <stdint.h>
 #include <stdlib.h>
@@ -62,18 +65,64 @@ void pc_release_layer_scratch(void) {
     tls_bytes = 0;
 }
 
+/* Blocks of prefill sequence s's cached keys inside its block table row (bad lengths read as
+ * 0 or the row's width here; the attention rejects them). */
+static int64_t cached_blocks(const layer_args *a, int64_t s) {
+    const int64_t blocks = (a->prefill_context[s] + a->block_size - 1) / a->block_size;
+    if (blocks < 0) return 0;
+    return blocks < a->prefill_max_blocks ? blocks : a->prefill_max_blocks;
+}
+
+/* The ids of the pool blocks holding the prefill sequences' cached keys (the blocks the
+ * attention reads from memory), in reading order: *n of them, in *owned (to free) unless they
+ * are a prefix of the block table's one row. */
+static const int32_t *context_blocks(const layer_args *a, int64_t *n, int32_t **owned) {
+    const int64_t seqs = a->num_prefill;
+    *n = 0;
+    *owned = NULL;
+    if (seqs == 1) *n = cached_blocks(a, 0);
+    if (seqs <= 1) return a->prefill_tables;
+    for (int64_t s = 0; s < seqs; s++) *n += cached_blocks(a, s);
+    *owned = malloc(sizeof(int32_t) * (size_t)(*n + 1));
+    if (!*owned) {
+        *n = 0; /* only a prefetch is lost */
+        return NULL;
+    }
+    int64_t at = 0;
+    for (int64_t s = 0; s < seqs; s++)
+        for (int64_t b = 0; b < cached_blocks(a, s); b++)
+            (*owned)[at++] = a->prefill_tables[s * a->prefill_tables_stride + b];
+    return *owned;
+}
+
+/* A prefetch of only the strip that `w` (k_pairs x n_out, packed) first hands this thread. */
+static gemm_prefetch then_gemm(const bf16 *w, int64_t k_pairs, int64_t n_out) {
+    return (gemm_prefetch){.next_w = w, .next_k_pairs = k_pairs, .next_n_out = n_out};
+}
+
 /* The layer after the attention, for `rows` rows: out = MLP(rms_norm(residual += attended
- * Wo^T)). The o projection lands in gate_up's space, free until the MLP. */
-static void mlp_half(const layer_args *a, int64_t rows, const bf16 *attended, bf16 *gate_up,
-                     bf16 *normed, bf16 *act, bf16 *residual) {
+ * Wo^T)). The o projection lands in gate_up's space, free until the MLP. The down projection
+ * prefetches `next`'s QKV weight (NULL: none). */
+static void mlp_half(const layer_args *a, const layer_args *next, int64_t rows,
+                     const bf16 *attended, bf16 *gate_up, bf16 *normed, bf16 *act,
+                     bf16 *residual) {
     const int64_t H = a->hidden, attn_w = a->heads * a->head_dim, gu_w = 2 * a->inter;
     const int nt = (int)a->threads;
     bf16 *projected = gate_up;
-    pc_linear(attended, attn_w, rows, attn_w / 2, a->o_w, H, NULL, projected, H, nt);
+    const gemm_prefetch to_gate_up = then_gemm(a->gate_up_w, H / 2, gu_w);
+    const gemm_prefetch to_down = then_gemm(a->down_w, a->inter / 2, H);
+    const gemm_prefetch to_next = next ? then_gemm(next->qkv_w, next->hidden / 2,
+                                                   (next->heads + 2 * next->kv_heads) *
+                                                       next->head_dim)
+                                       : then_gemm(NULL, 0, 0);
+    pc_linear_prefetching(attended, attn_w, rows, attn_w / 2, a->o_w, H, NULL, projected, H, nt,
+                          &to_gate_up);
     pc_rms_norm(projected, H, residual, H, a->post_norm, normed, H, rows, H, (float)a->eps, nt);
-    pc_linear(normed, H, rows, H / 2, a->gate_up_w, gu_w, NULL, gate_up, gu_w, nt);
+    pc_linear_prefetching(normed, H, rows, H / 2, a->gate_up_w, gu_w, NULL, gate_up, gu_w, nt,
+                          &to_down);
     pc_silu_and_mul(gate_up, gu_w, act, a->inter, rows, a->inter, nt);
-    pc_linear(act, a->inter, rows, a->inter / 2, a->down_w, H, NULL, a->out, H, nt);
+    pc_linear_prefetching(act, a->inter, rows, a->inter / 2, a->down_w, H, NULL, a->out, H, nt,
+                          &to_next);
 }
 
 /* The rest of the layer for rows out_rows only, after every row's KV write: their queries
@@ -96,14 +145,14 @@ static int selected_rows(const layer_args *a, const bf16 *qkv, bf16 *attended, b
     for (int64_t i = 0; i < R; i++)
         if (a->out_rows[i] != i)
             memcpy(residual + i * H, residual + a->out_rows[i] * H, (size_t)H * 2);
-    mlp_half(a, R, attended, gate_up, normed, act, residual);
+    mlp_half(a, NULL, R, attended, gate_up, normed, act, residual);
     return 0;
 }
 
-/* Runs the layer; returns 0, -7 for a slot outside the pool (nothing written to the pool),
- * -5 out of memory, or pa_paged_attention's error code (the pool already holds this layer's
- * new k/v then). */
-int pc_decoder_layer(const layer_args *a) {
+/* Runs layer a, `next` the one after it (NULL: none), `blocks` (n) its context_blocks;
+ * returns as pc_decoder_layer. */
+static int decoder_layer(const layer_args *a, const layer_args *next, const int32_t *blocks,
+                         int64_t n) {
     const int64_t T = a->tokens, H = a->hidden, D = a->head_dim, nt = a->threads;
     const int64_t qkv_w = (a->heads + 2 * a->kv_heads) * D, attn_w = a->heads * D;
     const int64_t gu_w = 2 * a->inter;
@@ -117,7 +166,14 @@ int pc_decoder_layer(const layer_args *a) {
 
     bf16 *residual = a->residual ? a->residual : a->delta;
     pc_rms_norm(a->delta, H, a->residual, H, a->input_norm, normed, H, T, H, eps, (int)nt);
-    pc_linear(normed, H, T, H / 2, a->qkv_w, qkv_w, a->qkv_bias, qkv, qkv_w, (int)nt);
+    gemm_prefetch to_attention = then_gemm(a->num_out < 0 ? a->o_w : NULL, attn_w / 2, H);
+    to_attention.k_pool = (const char *)a->k_cache;
+    to_attention.v_pool = (const char *)a->v_cache;
+    to_attention.blocks = blocks;
+    to_attention.num_blocks = blocks ? n : 0;
+    to_attention.block_bytes = a->block_size * a->kv_heads * D * (int64_t)sizeof(bf16);
+    pc_linear_prefetching(normed, H, T, H / 2, a->qkv_w, qkv_w, a->qkv_bias, qkv, qkv_w, (int)nt,
+                          &to_attention);
     pc_rotary(qkv, qkv_w, D, a->cos_sin, 2 * D, T, a->heads + a->kv_heads, D, (int)nt);
     const bf16 *k = qkv + a->heads * D, *v = k + a->kv_heads * D;
     if (pc_store_kv(k, qkv_w, D, v, qkv_w, D, a->k_cache, a->v_cache, a->slots, T, a->kv_heads,
@@ -142,19 +198,34 @@ int pc_decoder_layer(const layer_args *a) {
                                  (int)a->heads, (int)a->kv_heads, (int)D, (int)a->block_size,
                                  (float)a->scale, 0, (int)nt);
     if (err) return err;
-    mlp_half(a, T, attended, gate_up, normed, act, residual);
+    mlp_half(a, next, T, attended, gate_up, normed, act, residual);
     return 0;
+}
+
+/* Runs the layer; returns 0, -7 for a slot outside the pool (nothing written to the pool),
+ * -5 out of memory, or pa_paged_attention's error code (the pool already holds this layer's
+ * new k/v then). */
+int pc_decoder_layer(const layer_args *a) {
+    int64_t n;
+    int32_t *owned;
+    const int32_t *blocks = context_blocks(a, &n, &owned);
+    const int err = decoder_layer(a, NULL, blocks, n);
+    free(owned);
+    return err;
 }
 
 /* Runs layers args[0 .. n) in order (each args[i] complete, its delta the previous layer's
  * out); returns 0, or the first failing layer's code with *failed set to its index. */
 int pc_decoder_layers(const layer_args *args, int64_t n, int64_t *failed) {
-    for (int64_t i = 0; i < n; i++) {
-        const int err = pc_decoder_layer(&args[i]);
-        if (err) {
-            *failed = i;
-            return err;
-        }
+    if (n <= 0) return 0;
+    int64_t count;
+    int32_t *owned; /* the step, so the blocks, are the same for every layer */
+    const int32_t *blocks = context_blocks(&args[0], &count, &owned);
+    int err = 0;
+    for (int64_t i = 0; i < n && !err; i++) {
+        err = decoder_layer(&args[i], i + 1 < n ? &args[i + 1] : NULL, blocks, count);
+        if (err) *failed = i;
     }
-    return 0;
+    free(owned);
+    return err;
 }

@@ -13,6 +13,10 @@
  * more rows, whole strips times ranges of rows, each strip read from L2 for every 6-row tile,
  * each thread a contiguous run of them: while the later tiles of a strip run from L2, the
  * strip that comes next is prefetched, so only a thread's first strip waits for memory.
+ * pc_linear_prefetching's tiles, once nothing of their own is left to fetch, go on to bring
+ * into L2 what the thread reads right after the GEMM: KV pool blocks (the attention's packing
+ * of a cached prefix, which would otherwise wait for memory), then its first strip of the
+ * GEMM that follows.
  */
 #include <omp.h>
 #include <stdint.h>
@@ -24,6 +28,7 @@
 #define TILE_M 6  /* rows per register tile */
 #define SLICE 16  /* output columns per work item when rows <= TILE_M */
 #define PREFETCH (64 * STRIP) /* prefetch distance into L2: 64 input pairs (16 KiB) ahead */
+#define POOL_PREFETCH_MAX (512 * 1024) /* pool bytes a thread brings into L2 per GEMM, at most */
 
 typedef struct {
     const bf16 *x;
@@ -35,13 +40,39 @@ typedef struct {
     int64_t n, k2; /* output columns, input pairs */
 } linear_problem;
 
+/* A thread's walk over the byte ranges it brings into L2 for what follows the GEMM: K then V
+ * of pool entries [entry / 2, entry_end / 2), then `then` (then_bytes). */
+typedef struct {
+    const gemm_prefetch *ahead;
+    int64_t entry, entry_end; /* entry 2 i: K of ahead->blocks[i], 2 i + 1: its V */
+    const char *then;
+    int64_t then_bytes;
+    const char *at; /* the current range, `left` bytes from at */
+    int64_t left;
+} prefetch_walk;
+
+/* Moves `w` to its next range (left = 0: none left). */
+static void walk_next_range(prefetch_walk *w) {
+    if (w->entry < w->entry_end) {
+        const gemm_prefetch *a = w->ahead;
+        const int64_t e = w->entry++;
+        w->at = (e % 2 ? a->v_pool : a->k_pool) + a->blocks[e / 2] * a->block_bytes;
+        w->left = a->block_bytes;
+    } else {
+        w->at = w->then;
+        w->left = w->then ? w->then_bytes : 0;
+        w->then = NULL;
+    }
+}
+
 /* Rows [m0, m0 + R) x columns [c0, c0 + 16 NV) of the output; c0 is inside one strip.
  * Prefetching into L2 while it runs: PF_SELF, the weight PREFETCH bytes ahead of its loads
  * (its first pass, from memory); PF_NEXT, two lines per input pair from `next` on (half a
- * strip: two such tiles bring in the strip this thread reads next). */
-enum { PF_NONE = 0, PF_SELF = 1, PF_NEXT = 2 };
+ * strip: two such tiles bring in the strip this thread reads next); PF_WALK, a line per input
+ * pair along `walk`. */
+enum { PF_NONE = 0, PF_SELF = 1, PF_NEXT = 2, PF_WALK = 3 };
 INLINE void tile(const int R, const int NV, const int PF, const linear_problem *p, int64_t m0,
-                 int64_t c0, const char *next) {
+                 int64_t c0, const char *next, prefetch_walk *walk) {
     __m512 acc[TILE_M][4];
 #pragma GCC unroll 6
     for (int r = 0; r < R; r++)
@@ -59,6 +90,11 @@ INLINE void tile(const int R, const int NV, const int PF, const linear_problem *
         } else if (PF == PF_NEXT) {
             _mm_prefetch(next + 128 * q, _MM_HINT_T1);
             _mm_prefetch(next + 128 * q + 64, _MM_HINT_T1);
+        } else if (PF == PF_WALK && walk->left > 0) {
+            _mm_prefetch(walk->at, _MM_HINT_T1);
+            walk->at += 64;
+            walk->left -= 64;
+            if (walk->left <= 0) walk_next_range(walk);
         }
         __m512bh b[4];
 #pragma GCC unroll 4
@@ -84,11 +120,12 @@ INLINE void tile(const int R, const int NV, const int PF, const linear_problem *
 
 #define DEFINE_TILE(R, NV, PF)                                                                \
     static void tile_##R##_##NV##_##PF(const linear_problem *p, int64_t m0, int64_t c0,       \
-                                       const char *next) {                                    \
-        tile(R, NV, PF, p, m0, c0, next);                                                     \
+                                       const char *next, prefetch_walk *walk) {               \
+        tile(R, NV, PF, p, m0, c0, next, walk);                                               \
     }
-#define DEFINE_TILES(R) \
-    DEFINE_TILE(R, 1, 1) DEFINE_TILE(R, 4, 0) DEFINE_TILE(R, 4, 1) DEFINE_TILE(R, 4, 2)
+#define DEFINE_TILES(R)                                                                   \
+    DEFINE_TILE(R, 1, 1) DEFINE_TILE(R, 4, 0) DEFINE_TILE(R, 4, 1) DEFINE_TILE(R, 4, 2) \
+        DEFINE_TILE(R, 4, 3)
 DEFINE_TILES(1)
 DEFINE_TILES(2)
 DEFINE_TILES(3)
@@ -96,20 +133,60 @@ DEFINE_TILES(4)
 DEFINE_TILES(5)
 DEFINE_TILES(6)
 
-typedef void (*tile_fn)(const linear_problem *, int64_t, int64_t, const char *);
+typedef void (*tile_fn)(const linear_problem *, int64_t, int64_t, const char *,
+                        prefetch_walk *);
 /* 16-column slices (decode), prefetching ahead */
 static const tile_fn SLICE_TILES[TILE_M + 1] = {NULL,       tile_1_1_1, tile_2_1_1, tile_3_1_1,
                                                 tile_4_1_1, tile_5_1_1, tile_6_1_1};
-/* whole strips, [rows][PF_NONE, PF_SELF, PF_NEXT] */
-static const tile_fn STRIP_TILES[TILE_M + 1][3] = {
-    {NULL, NULL, NULL},
-    {tile_1_4_0, tile_1_4_1, tile_1_4_2},
-    {tile_2_4_0, tile_2_4_1, tile_2_4_2},
-    {tile_3_4_0, tile_3_4_1, tile_3_4_2},
-    {tile_4_4_0, tile_4_4_1, tile_4_4_2},
-    {tile_5_4_0, tile_5_4_1, tile_5_4_2},
-    {tile_6_4_0, tile_6_4_1, tile_6_4_2},
+/* whole strips, [rows][PF_NONE, PF_SELF, PF_NEXT, PF_WALK] */
+static const tile_fn STRIP_TILES[TILE_M + 1][4] = {
+    {NULL, NULL, NULL, NULL},
+    {tile_1_4_0, tile_1_4_1, tile_1_4_2, tile_1_4_3},
+    {tile_2_4_0, tile_2_4_1, tile_2_4_2, tile_2_4_3},
+    {tile_3_4_0, tile_3_4_1, tile_3_4_2, tile_3_4_3},
+    {tile_4_4_0, tile_4_4_1, tile_4_4_2, tile_4_4_3},
+    {tile_5_4_0, tile_5_4_1, tile_5_4_2, tile_5_4_3},
+    {tile_6_4_0, tile_6_4_1, tile_6_4_2, tile_6_4_3},
 };
+
+/* How the many-rows path shares out a GEMM of `strips` strips over `rows` rows: items
+ * (strip-major) of one strip times a range of tiles_per_chunk row tiles, `chunks` a strip. */
+typedef struct {
+    int64_t chunks, tiles_per_chunk, items;
+} row_split;
+
+static row_split split_rows(int64_t rows, int64_t strips, int nt) {
+    const int64_t tiles = (rows + TILE_M - 1) / TILE_M;
+    int64_t chunks = (8 * (int64_t)nt + strips - 1) / strips; /* enough items for every thread */
+    if (chunks > tiles) chunks = tiles;
+    const int64_t tiles_per_chunk = (tiles + chunks - 1) / chunks;
+    chunks = (tiles + tiles_per_chunk - 1) / tiles_per_chunk;
+    return (row_split){chunks, tiles_per_chunk, strips * chunks};
+}
+
+/* Thread tid's (of team) walk for `ahead`: its share of the pool entries, at most
+ * POOL_PREFETCH_MAX bytes, then the strip it reads first in the next GEMM (of `rows` rows). */
+static prefetch_walk start_walk(const gemm_prefetch *ahead, int64_t rows, int64_t tid,
+                                int64_t team) {
+    prefetch_walk w = {ahead, 0, 0, NULL, 0, NULL, 0};
+    if (!ahead) return w;
+    if (ahead->num_blocks > 0 && ahead->block_bytes > 0) {
+        const int64_t n = ahead->num_blocks, lo = n * tid / team, hi = n * (tid + 1) / team;
+        const int64_t most = POOL_PREFETCH_MAX / (2 * ahead->block_bytes);
+        w.entry = 2 * lo;
+        w.entry_end = 2 * (hi - lo < most ? hi : lo + most);
+    }
+    if (ahead->next_w && rows > TILE_M) {
+        const int64_t strips = (ahead->next_n_out + STRIP - 1) / STRIP;
+        const row_split sp = split_rows(rows, strips, (int)team);
+        const int64_t first_item = sp.items * tid / team;
+        w.then_bytes = ahead->next_k_pairs * STRIP * 4;
+        if (first_item < sp.items)
+            w.then = (const char *)ahead->next_w + first_item / sp.chunks * w.then_bytes;
+    }
+    walk_next_range(&w);
+    return w;
+}
 
 /*
  * out[m][n] = bf16(sum_k x[m][k] w[n][k] + bias[n]) for m < rows, n < n_out, with w packed by
@@ -118,6 +195,15 @@ static const tile_fn STRIP_TILES[TILE_M + 1][3] = {
 void pc_linear(const bf16 *x, int64_t x_stride, int64_t rows, int64_t k_pairs,
                const bf16 *packed, int64_t n_out, const bf16 *bias, bf16 *out,
                int64_t out_stride, int num_threads) {
+    pc_linear_prefetching(x, x_stride, rows, k_pairs, packed, n_out, bias, out, out_stride,
+                          num_threads, NULL);
+}
+
+/* pc_linear; with more than TILE_M rows its tiles also bring `ahead` into L2 (NULL: nothing),
+ * each thread its share (see the top of this file). */
+void pc_linear_prefetching(const bf16 *x, int64_t x_stride, int64_t rows, int64_t k_pairs,
+                           const bf16 *packed, int64_t n_out, const bf16 *bias, bf16 *out,
+                           int64_t out_stride, int num_threads, const gemm_prefetch *ahead) {
     if (rows <= 0 || n_out <= 0) return;
     const linear_problem p = {x, x_stride, (const uint32_t *)packed, bias, out, out_stride,
                               n_out, k_pairs};
@@ -131,23 +217,20 @@ void pc_linear(const bf16 *x, int64_t x_stride, int64_t rows, int64_t k_pairs,
         const tile_fn fn = whole ? STRIP_TILES[rows][PF_SELF] : SLICE_TILES[rows];
         const int team = items >= 2 * nt ? nt : 1;
 #pragma omp parallel for num_threads(team) schedule(static)
-        for (int64_t s = 0; s < items; s++) fn(&p, 0, s * width, NULL);
+        for (int64_t s = 0; s < items; s++) fn(&p, 0, s * width, NULL, NULL);
         return;
     }
-    /* row ranges per strip: enough items for every thread, each a multiple of TILE_M rows */
-    const int64_t tiles = (rows + TILE_M - 1) / TILE_M;
-    int64_t chunks = (8 * (int64_t)nt + strips - 1) / strips;
-    if (chunks > tiles) chunks = tiles;
-    const int64_t tiles_per_chunk = (tiles + chunks - 1) / chunks;
-    chunks = (tiles + tiles_per_chunk - 1) / tiles_per_chunk;
+    const row_split sp = split_rows(rows, strips, nt);
+    const int64_t chunks = sp.chunks, tiles_per_chunk = sp.tiles_per_chunk;
     /* each thread a contiguous run of items (strip-major), so it knows the strip it reads
      * next and brings it into L2 while its current strip's later tiles run from L2 */
-    const int64_t n_items = strips * chunks, strip_bytes = k_pairs * STRIP * 4;
+    const int64_t n_items = sp.items, strip_bytes = k_pairs * STRIP * 4;
 #pragma omp parallel num_threads(nt)
     {
         const int64_t team = omp_get_num_threads(), tid = omp_get_thread_num();
         const int64_t lo = n_items * tid / team, hi = n_items * (tid + 1) / team;
         int64_t fetched = -1; /* the strip the previous item prefetched whole */
+        prefetch_walk walk = start_walk(ahead, rows, tid, team);
         for (int64_t item = lo; item < hi; item++) {
             const int64_t strip = item / chunks, chunk = item % chunks;
             const int64_t next_strip = item + 1 < hi ? (item + 1) / chunks : strip;
@@ -163,7 +246,10 @@ void pc_linear(const bf16 *x, int64_t x_stride, int64_t rows, int64_t k_pairs,
                     mode = PF_SELF; /* its first pass, from memory */
                 else if (next_strip != strip && halves < 2)
                     mode = PF_NEXT;
-                STRIP_TILES[R][mode](&p, m0, strip * STRIP, next + halves * (strip_bytes / 2));
+                else if (walk.left > 0)
+                    mode = PF_WALK;
+                STRIP_TILES[R][mode](&p, m0, strip * STRIP, next + halves * (strip_bytes / 2),
+                                     &walk);
                 halves += mode == PF_NEXT;
             }
             if (next_strip != strip) fetched = halves == 2 ? next_strip : -1;
