@@ -21,6 +21,7 @@ from .packed_linear import (
     weight_packing_available,
 )
 from .rope import RotaryEmbedding
+from .structure_generation import structure_generation
 
 # The RoPE table starts this large and grows on CPU when positions go beyond it.
 _INITIAL_ROPE_POSITIONS = 16384
@@ -128,6 +129,9 @@ class CausalLM(nn.Module):
             config.head_dim, config.rope_theta, config.rope_scaling,
             initial_positions=min(config.max_position_embeddings, _INITIAL_ROPE_POSITIONS),
         )
+        # (structure_generation, [(attention layer index, LayerWeights)] or None): see
+        # `_fused_layers`
+        self._fused_plan: tuple[int, list[tuple[int, LayerWeights]] | None] | None = None
 
     @property
     def dtype(self) -> torch.dtype:
@@ -155,7 +159,7 @@ class CausalLM(nn.Module):
         hidden = self.embed_tokens(input_ids)  # [T, hidden]
         cos_sin = self.rotary.cos_sin(positions, hidden.dtype)  # [T, 2, head_dim]
         residual: Tensor | None = None
-        fused = self._fused_run(list(self.layers), attention, hidden)
+        fused = self._fused_run(attention, hidden)
         if fused is not None and (output_rows is None or output_rows is fused[1].sample_rows):
             # every layer as one compiled call: the same kernels and results as op by op
             hidden, residual = cpu_kernels().decoder_layers_cpu(
@@ -168,22 +172,32 @@ class CausalLM(nn.Module):
         hidden, residual = last(hidden, residual, cos_sin, attention, output_rows)
         return self.norm.add_and_norm_(hidden, residual)
 
-    @staticmethod
-    def _fused_run(layers: list[DecoderLayer], attention: AttentionFn, hidden: Tensor
+    def _fused_layers(self) -> list[tuple[int, LayerWeights]] | None:
+        """Every layer's attention index and `fused_weights`, or None when a layer has none;
+        kept until a module or parameter anywhere is (re)assigned (`structure_generation`), so
+        a forward does not walk the layers' modules."""
+        generation = structure_generation()
+        if self._fused_plan is None or self._fused_plan[0] != generation:
+            plan = [(layer.attn.layer_idx, layer.fused_weights()) for layer in self.layers]
+            usable = bool(plan) and all(weights is not None for _, weights in plan)
+            self._fused_plan = (generation, plan if usable else None)  # type: ignore[assignment]
+        return self._fused_plan[1]
+
+    def _fused_run(self, attention: AttentionFn, hidden: Tensor
                    ) -> tuple[list[LayerWeights], PagedStep, list[Tensor], list[Tensor]] | None:
-        """`decoder_layers_cpu`'s weights, step and pools for `layers`, or None unless every
-        one of them can run fused: bf16 on CPU, compiled GEMM weights, and an attention that
-        offers `paged_step` (the paged runner over bf16 pools)."""
+        """`decoder_layers_cpu`'s weights, step and pools for every layer, or None unless
+        every one of them can run fused: bf16 on CPU, compiled GEMM weights, and an attention
+        that offers `paged_step` (the paged runner over bf16 pools)."""
         paged_step = getattr(attention, "paged_step", None)
-        if not layers or paged_step is None or hidden.dtype is not torch.bfloat16 or (
-            not hidden.is_cpu
-        ):
+        if paged_step is None or hidden.dtype is not torch.bfloat16 or not hidden.is_cpu:
+            return None
+        plan = self._fused_layers()
+        if plan is None:
             return None
         weights, k_caches, v_caches = [], [], []
         step = None
-        for layer in layers:
-            layer_weights = layer.fused_weights()
-            found = None if layer_weights is None else paged_step(layer.attn.layer_idx)
+        for layer_idx, layer_weights in plan:
+            found = paged_step(layer_idx)
             if found is None:
                 return None
             step, k_cache, v_cache = found

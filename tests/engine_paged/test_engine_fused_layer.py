@@ -11,6 +11,7 @@ import torch
 from kernel_calls import record_calls
 
 from prefixcache.engine.llm import LLM
+from prefixcache.engine.model.packed_linear import PackedLinear
 from prefixcache.engine.model_runner import PagedAttention
 from prefixcache.engine.sampling_params import SamplingParams
 from prefixcache.kernels.cpu.decoder_layer import release_layer_scratch
@@ -89,3 +90,25 @@ def test_a_bad_slot_raises_and_the_engine_keeps_serving(tiny_llama_hd64_dir: Pat
     release_layer_scratch()  # freed, then grown again by the next step
     again = llm.generate([[1, 2, 3]], SamplingParams(max_tokens=3, temperature=0.0))
     assert again[0].token_ids == out[0].token_ids
+
+
+def test_a_projection_swapped_after_a_forward_reaches_the_fused_layers(
+    tiny_llama_hd64_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The fused run keeps its per-layer weights between forwards; a module assigned later (a
+    new down projection in layer 1) must be what the next forward runs."""
+    greedy = SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True)
+    llm = LLM(str(tiny_llama_hd64_dir), dtype="bfloat16", num_blocks=64, block_size=4,
+              enable_prefix_caching=False)  # fmt: skip
+    before = llm.generate([PROMPTS[1]], greedy)[0].token_ids
+    mlp = llm.engine.runner.model.layers[1].mlp
+    old = mlp.down_proj
+    generator = torch.Generator().manual_seed(5)
+    weight = torch.randn(old.out_features, old.in_features, generator=generator)
+    mlp.down_proj = PackedLinear(weight.to(torch.bfloat16), None)
+    calls = record_calls(monkeypatch, cpu_kernels(), ["decoder_layers_cpu"])
+    fused = llm.generate([PROMPTS[1]], greedy)[0].token_ids
+    assert calls, "the fused layers did not run"
+    monkeypatch.setattr(PagedAttention, "paged_step", lambda self, layer_idx: None)
+    separate = llm.generate([PROMPTS[1]], greedy)[0].token_ids
+    assert fused == separate != before
