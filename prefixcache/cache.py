@@ -105,11 +105,11 @@ class PrefixCache:
         prompt) and ``hit_tokens`` (the partial block's shared tokens too).
         """
         tokens = as_token_array(token_ids)
-        path = self._walk(tokens, salt, extra_keys, max_tokens)
+        limit = _token_limit(tokens, max_tokens)
+        path = self._walk(tokens, salt, extra_keys, limit)
         self.query_tokens += len(tokens)
         partial = None
         if partial_block:
-            limit = len(tokens) if max_tokens is None else min(len(tokens), max(0, max_tokens))
             partial = self.tree.partial_next(
                 self._namespace(salt, extra_keys), path, tokens, limit
             )
@@ -140,7 +140,7 @@ class PrefixCache:
         """Cached prefix length in tokens (full blocks; with ``partial_block`` also the tokens
         a cached block after them shares); takes no reference, changes nothing."""
         tokens = as_token_array(token_ids)
-        path = self._walk(tokens, salt, extra_keys, None)
+        path = self._walk(tokens, salt, extra_keys, len(tokens))
         cached = path.num_blocks * self.block_size
         if partial_block:
             name = self._namespace(salt, extra_keys)
@@ -316,7 +316,7 @@ class PrefixCache:
         Returns the pinned length in tokens (0: nothing cached, nothing pinned). Pins count.
         """
         tokens = as_token_array(token_ids)
-        path = self._walk(tokens, salt, extra_keys, None)
+        path = self._walk(tokens, salt, extra_keys, len(tokens))
         tail = self._partial_leaf(tokens, path, salt, extra_keys)
         if tail is not None:  # the deepest node: pinning it keeps its whole path
             node, shared = tail
@@ -336,7 +336,7 @@ class PrefixCache:
     ) -> None:
         """Release the deepest pin on the cached path of ``token_ids`` (ValueError if none)."""
         tokens = as_token_array(token_ids)
-        path = self._walk(tokens, salt, extra_keys, None)
+        path = self._walk(tokens, salt, extra_keys, len(tokens))
         tail = self._partial_leaf(tokens, path, salt, extra_keys)
         deepest = [] if tail is None else [(tail[0], len(tail[0].block_ids))]
         for node, matched in [*deepest, *reversed(path.steps)]:
@@ -396,9 +396,9 @@ class PrefixCache:
         tokens: np.ndarray,
         salt: str | None,
         extra_keys: Sequence[Hashable],
-        max_tokens: int | None,
+        limit: int,
     ) -> PathMatch:
-        limit = len(tokens) if max_tokens is None else min(len(tokens), max(0, max_tokens))
+        """The cached full blocks along ``tokens[:limit]``."""
         return self.tree.walk(self._namespace(salt, extra_keys), tokens, limit // self.block_size)
 
     def _partial_leaf(
@@ -525,3 +525,8 @@ class PrefixCache:
         elif parent is not None and not parent.is_root:
             self._refresh(parent)
         return count
+
+
+def _token_limit(tokens: np.ndarray, max_tokens: int | None) -> int:
+    """How many leading tokens a lookup may use: all, or at most ``max_tokens`` (>= 0)."""
+    return len(tokens) if max_tokens is None else min(len(tokens), max(0, max_tokens))
