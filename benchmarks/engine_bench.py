@@ -92,8 +92,15 @@ def timed_hf(model: torch.nn.Module, token_ids: list[int]) -> float:
     return time.perf_counter() - start
 
 
+WARM_PAIRS_PER_ROUND = 3  # (warm request, transformers on its suffix) pairs: cheap, noisy
+
+
 def ttft_section(llm: LLM, hf: torch.nn.Module, rounds: int, lengths: list[int]) -> dict:
-    """Cold prefill vs HF; warm 64-token suffix over a cached prefix vs HF on 64 tokens."""
+    """Cold prefill vs HF; warm 64-token suffix over a cached prefix vs HF on 64 tokens.
+
+    Each round times a cold prompt and HF on it, then WARM_PAIRS_PER_ROUND warm requests, each
+    followed by HF on its 64-token suffix, so both sides of every ratio see the same moments
+    of a shared machine; ratios are of medians."""
     results: dict[str, Any] = {}
     seed = iter(range(10_000, 1_000_000))
     for length in lengths:
@@ -101,12 +108,13 @@ def ttft_section(llm: LLM, hf: torch.nn.Module, rounds: int, lengths: list[int])
         llm.warm(prefix)  # the prefix every warm round reuses
         samples: dict[str, list[float]] = {"cold": [], "warm": [], "hf_full": [], "hf_suffix": []}
         for _ in range(rounds):
-            fresh = text_tokens(llm, length + 64, next(seed))  # nothing of it is cached
-            suffix = text_tokens(llm, 64, next(seed))
-            samples["cold"].append(timed_first_token(llm, fresh[:length]))
-            samples["warm"].append(timed_first_token(llm, prefix + suffix))
-            samples["hf_full"].append(timed_hf(hf, fresh[:length]))
-            samples["hf_suffix"].append(timed_hf(hf, suffix))
+            fresh = text_tokens(llm, length, next(seed))  # nothing of it is cached
+            samples["cold"].append(timed_first_token(llm, fresh))
+            samples["hf_full"].append(timed_hf(hf, fresh))
+            for _ in range(WARM_PAIRS_PER_ROUND):
+                suffix = text_tokens(llm, 64, next(seed))
+                samples["warm"].append(timed_first_token(llm, prefix + suffix))
+                samples["hf_suffix"].append(timed_hf(hf, suffix))
         med = {k: statistics.median(v) for k, v in samples.items()}
         results[str(length)] = {
             "cold_s": med["cold"],
