@@ -24,9 +24,14 @@ SYSTEM = [(7 * i) % 300 + 1 for i in range(37)]
 PROMPTS = [[*SYSTEM, 11, 12, 13], [*SYSTEM, *range(40, 61)], [*SYSTEM, 99], SYSTEM[:20]]
 
 
+SIBLINGS = [[*SYSTEM, *range(200, 209)], [*SYSTEM, *range(300, 306)]]  # two new suffixes
+
+
 def step_logits(folder: Path, monkeypatch: pytest.MonkeyPatch, fused: bool) -> list[torch.Tensor]:
     """Every step's logits: the prompts one at a time (prefix hits), then all together with
-    n = 2 (a decode batch next to chunked prefills, forks copying the partial block)."""
+    n = 2 (a decode batch next to chunked prefills, forks copying the partial block), then two
+    new suffixes of the cached system prompt at once (one step, two prefills over cached
+    blocks)."""
     if not fused:
         monkeypatch.setattr(PagedAttention, "paged_step", lambda self, layer_idx: None)
     llm = LLM(str(folder), dtype="bfloat16", num_blocks=96, block_size=4,
@@ -38,6 +43,7 @@ def step_logits(folder: Path, monkeypatch: pytest.MonkeyPatch, fused: bool) -> l
         llm.generate([prompt], SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True))
     llm.generate(PROMPTS, SamplingParams(n=2, max_tokens=6, temperature=0.8, seed=3,
                                          ignore_eos=True))  # fmt: skip
+    llm.generate(SIBLINGS, SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True))
     llm.cache.check_invariants()
     assert llm.stats()["in_use"] == 0 and llm.stats()["hit_tokens"] > 0
     monkeypatch.undo()
