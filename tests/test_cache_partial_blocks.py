@@ -173,10 +173,52 @@ def test_pin_keeps_the_partial_block_with_its_path() -> None:
     cache.check_invariants()
 
 
+def cached_blocks(cache: PrefixCache) -> dict[tuple[int, ...], list[tuple[int, ...]]]:
+    """Every cached block of the default namespace by the tokens before it: the tokens it
+    holds (fewer than a block for a partial one), found by walking the whole tree."""
+    tree = cache.tree
+    found: dict[tuple[int, ...], list[tuple[int, ...]]] = {}
+    stack = [(tree.roots.get((None, ())), ())]
+    while stack:
+        node, before = stack.pop()
+        if node is None:
+            continue
+        for block in node.block_ids:
+            held = tuple(tree.block_tokens(int(block)).tolist())
+            found.setdefault(before, []).append(held)
+            before += held
+        stack += [(child, before) for child in (node.children or {}).values()]
+    return found
+
+
+def best_match(cache: PrefixCache, tokens: list[int], limit: int) -> tuple[int, int]:
+    """What a match over ``tokens[:limit]`` must find, from the tree's contents alone: the
+    longest run of cached full blocks, then the most next tokens any cached block after that
+    run shares with the query (less than a block): (full-block tokens, shared tokens)."""
+    bs = cache.block_size
+    after = cached_blocks(cache)
+    start = 0
+    while start + bs <= limit and tuple(tokens[start : start + bs]) in after.get(
+        tuple(tokens[:start]), []
+    ):
+        start += bs
+    want = tokens[start : start + min(limit - start, bs - 1)]
+
+    def shared(held: tuple[int, ...]) -> int:
+        count = 0
+        while count < min(len(held), len(want)) and held[count] == want[count]:
+            count += 1
+        return count
+
+    candidates = after.get(tuple(tokens[:start]), [])
+    return start, max((shared(held) for held in candidates), default=0)
+
+
 class PartialBlockMachine(RuleBasedStateMachine):
     """Random requests that cache their partial last blocks, matches that hand them out,
-    evictions, pins and resets: the invariants hold after every step, and every hit (full
-    blocks and the partial block) holds exactly the query's tokens."""
+    evictions, pins and resets: the invariants hold after every step, every hit (full blocks
+    and the partial block) holds exactly the query's tokens, and no longer hit was cached
+    (checked against a walk of the whole tree)."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -203,8 +245,10 @@ class PartialBlockMachine(RuleBasedStateMachine):
 
     @rule(tokens=TOKENS, keep=st.booleans(), cap=st.none() | st.integers(0, 12))
     def match(self, tokens: list[int], keep: bool, cap: int | None) -> None:
-        m = self.cache.match(tokens, max_tokens=cap, partial_block=True)
         limit = len(tokens) if cap is None else min(cap, len(tokens))
+        expected = best_match(self.cache, tokens, limit)
+        m = self.cache.match(tokens, max_tokens=cap, partial_block=True)
+        assert (m.num_tokens, m.partial_tokens) == expected
         assert m.num_tokens + m.partial_tokens <= limit
         tree = self.cache.tree
         for i, block in enumerate(m.block_ids):
