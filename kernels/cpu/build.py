@@ -182,10 +182,8 @@ def _declare(lib: ctypes.CDLL) -> None:
         ptr, i64, i64, i64,  # x, row stride, rows, input pairs
         ptr, i64, ptr, ptr, i64, i32,  # packed weight, n_out, bias, out, row stride, threads
     ]  # fmt: skip
-    lib.pc_decoder_layer.restype = i32
-    lib.pc_decoder_layer.argtypes = [ptr]  # layer_args * (decoder_layer.py mirrors it)
     lib.pc_decoder_layers.restype = i32
-    lib.pc_decoder_layers.argtypes = [ptr, i64, ptr]  # layer_args[n], n, int64 *failed
+    lib.pc_decoder_layers.argtypes = [ptr, i64, ptr]  # layer_args[n] (decoder_layer.py), n, *failed
     lib.pc_release_layer_scratch.restype = None
     lib.pc_release_layer_scratch.argtypes = []
     lib.pc_copy_blocks.restype = i32

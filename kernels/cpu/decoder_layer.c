@@ -149,8 +149,10 @@ static int selected_rows(const layer_args *a, const bf16 *qkv, bf16 *attended, b
     return 0;
 }
 
-/* Runs layer a, `next` the one after it (NULL: none), `blocks` (n) its context_blocks;
- * returns as pc_decoder_layer. */
+/* Runs layer a, `next` the one after it (NULL: none), `blocks` (n) its context_blocks (only
+ * prefetched); returns 0, -7 for a slot outside the pool (nothing written to the pool), -5 out
+ * of memory, or pa_paged_attention's error code (the pool already holds this layer's new k/v
+ * then). */
 static int decoder_layer(const layer_args *a, const layer_args *next, const int32_t *blocks,
                          int64_t n) {
     const int64_t T = a->tokens, H = a->hidden, D = a->head_dim, nt = a->threads;
@@ -202,20 +204,9 @@ static int decoder_layer(const layer_args *a, const layer_args *next, const int3
     return 0;
 }
 
-/* Runs the layer; returns 0, -7 for a slot outside the pool (nothing written to the pool),
- * -5 out of memory, or pa_paged_attention's error code (the pool already holds this layer's
- * new k/v then). */
-int pc_decoder_layer(const layer_args *a) {
-    int64_t n;
-    int32_t *owned;
-    const int32_t *blocks = context_blocks(a, &n, &owned);
-    const int err = decoder_layer(a, NULL, blocks, n);
-    free(owned);
-    return err;
-}
-
 /* Runs layers args[0 .. n) in order (each args[i] complete, its delta the previous layer's
- * out); returns 0, or the first failing layer's code with *failed set to its index. */
+ * out, all of one step); returns 0, or the first failing layer's code (see decoder_layer)
+ * with *failed set to its index. */
 int pc_decoder_layers(const layer_args *args, int64_t n, int64_t *failed) {
     if (n <= 0) return 0;
     int64_t count;
