@@ -42,7 +42,9 @@ class PackedLinear(nn.Module):
 
     Contract: CPU only, float32 or bfloat16, input ``[num_rows, in_features]`` in the weight's
     dtype. ``compiled`` says which kernel runs: the compiled bf16 GEMM (True) or oneDNN. The
-    packed weight is a tensor outside ``state_dict``.
+    packed weight is a tensor outside ``state_dict``, set once, here: to change a projection,
+    assign a new ``PackedLinear`` (the model's cached fused-layer plan follows module
+    assignments, not writes to ``packed``).
     """
 
     def __init__(self, weight: Tensor, bias: Tensor | None) -> None:  # weight [out, in]
