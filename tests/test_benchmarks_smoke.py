@@ -78,3 +78,19 @@ def test_cpu_linear_quick(tmp_path):
     }
     for row in result["streamed"] + result["hot"]:
         assert row["ratio"] > 0 and math.isfinite(row["ratio"])
+
+
+def test_warm_breakdown_quick(tmp_path):
+    if not cpu_linear_supports(torch.zeros(2, 2, dtype=torch.bfloat16)):
+        pytest.skip("the compiled CPU kernels are unavailable on this machine")
+    result = run_quick("warm_breakdown.py", tmp_path / "warm.json")
+    assert (result["prefix_tokens"], result["suffix_tokens"], result["requests"]) == (256, 16, 3)
+    assert 0 < result["computed_tokens_mean"] <= 16
+    phases = result["phase_ms"]
+    for phase in ("qkv", "attention", "o_proj", "gate_up", "down", "output_head"):
+        assert phases[phase] > 0, phase
+    assert 0 < phases["attention_packing"] <= phases["attention"]
+    layers = sum(ms for phase, ms in phases.items() if phase not in (
+        "attention_packing", "output_head", "outside_compiled_layers"))
+    assert layers < result["request_ms_mean"]
+    assert set(result["phase_gflops"]) == {"qkv", "attention", "o_proj", "gate_up", "down"}

@@ -3,7 +3,7 @@ first use (see ``build``) and called through ctypes. Paged attention (``paged_at
 the decoder's elementwise ops on bf16 (``model_ops``: RMSNorm with the residual add, RoPE,
 SiLU-and-mul, KV writes into a bf16 pool), its bf16 projections (``linear``: a GEMM over a
 weight packed once), and all of them chained into decoder layers, a run of layers per call
-(``decoder_layer``).
+(``decoder_layer``), whose time per phase ``phase_profile`` measures.
 
 ``cpu_attention_available()`` says whether they can run here (x86-64 Linux, AVX-512 F/BW/VL
 and AVX512-BF16, gcc; ``PREFIXCACHE_CPU_KERNELS=0`` turns them off); ``cpu_kernel_supports``
@@ -38,8 +38,10 @@ from prefixcache.kernels.cpu.paged_attention import (
     paged_decode_attention_cpu,
     paged_prefill_attention_cpu,
 )
+from prefixcache.kernels.cpu.phase_profile import PHASES, phase_profile
 
 __all__ = [
+    "PHASES",
     "BlockCopier",
     "LayerWeights",
     "PagedStep",
@@ -55,6 +57,7 @@ __all__ = [
     "linear_cpu",
     "paged_decode_attention_cpu",
     "paged_prefill_attention_cpu",
+    "phase_profile",
     "rms_norm_cpu",
     "silu_and_mul_cpu",
     "store_kv_cpu",

@@ -34,8 +34,11 @@ log = logging.getLogger(__name__)
 
 _HERE = Path(__file__).parent
 SOURCES = tuple(
-    _HERE / name for name in ("paged_attention.c", "model_ops.c", "linear.c", "decoder_layer.c")
-)
+    _HERE / name
+    for name in (
+        "paged_attention.c", "model_ops.c", "linear.c", "decoder_layer.c", "phase_profile.c",
+    )
+)  # fmt: skip
 HEADERS = (_HERE / "cpu_kernels.h", _HERE / "simd_math.h")
 REQUIRED_CPU_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_bf16")
 COMPILE_FLAGS = (
@@ -184,6 +187,10 @@ def _declare(lib: ctypes.CDLL) -> None:
     ]  # fmt: skip
     lib.pc_decoder_layers.restype = i32
     lib.pc_decoder_layers.argtypes = [ptr, i64, ptr]  # layer_args[n] (decoder_layer.py), n, *failed
+    lib.pc_profile_enable.restype = None
+    lib.pc_profile_enable.argtypes = [i32]
+    lib.pc_profile_read.restype = None
+    lib.pc_profile_read.argtypes = [ptr, i32]  # double[PC_NUM_PHASES], reset
     lib.pc_release_layer_scratch.restype = None
     lib.pc_release_layer_scratch.argtypes = []
     lib.pc_copy_blocks.restype = i32

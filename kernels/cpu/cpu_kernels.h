@@ -40,6 +40,23 @@ typedef struct {
 void pc_linear_prefetching(const bf16 *x, int64_t x_stride, int64_t rows, int64_t k_pairs,
                            const bf16 *packed, int64_t n_out, const bf16 *bias, bf16 *out,
                            int64_t out_stride, int num_threads, const gemm_prefetch *ahead);
+/* phase_profile.c: the fused layers' phases (phase_profile.py mirrors this list) */
+enum {
+    PC_PHASE_NORMS,            /* both RMSNorms with their residual adds */
+    PC_PHASE_QKV,              /* the QKV projection */
+    PC_PHASE_ROPE_KV_WRITE,    /* RoPE, then the new k/v into the pool */
+    PC_PHASE_ATTENTION,        /* paged attention, its K/V packing included */
+    PC_PHASE_ATTENTION_PACKING, /* of which: packing the keys and values (prefills) */
+    PC_PHASE_O,                /* the output projection */
+    PC_PHASE_GATE_UP,          /* the gate and up projections */
+    PC_PHASE_SILU_AND_MUL,
+    PC_PHASE_DOWN,             /* the down projection */
+    PC_NUM_PHASES
+};
+void pc_profile_enable(int on);
+void pc_profile_read(double *out, int reset); /* out[PC_NUM_PHASES] seconds; reset: zero them */
+double pc_phase_start(void);                  /* a clock reading, or 0 while profiling is off */
+void pc_phase_end(int phase, double *since);  /* adds now - *since to phase, *since = now */
 /* paged_attention.c */
 int pa_paged_attention(const bf16 *q, int64_t q_st, int64_t q_sh, const bf16 *k, int64_t k_st,
                        int64_t k_sh, const bf16 *v, int64_t v_st, int64_t v_sh,

@@ -115,14 +115,20 @@ static void mlp_half(const layer_args *a, const layer_args *next, int64_t rows,
                                                    (next->heads + 2 * next->kv_heads) *
                                                        next->head_dim)
                                        : then_gemm(NULL, 0, 0);
+    double clock = pc_phase_start();
     pc_linear_prefetching(attended, attn_w, rows, attn_w / 2, a->o_w, H, NULL, projected, H, nt,
                           &to_gate_up);
+    pc_phase_end(PC_PHASE_O, &clock);
     pc_rms_norm(projected, H, residual, H, a->post_norm, normed, H, rows, H, (float)a->eps, nt);
+    pc_phase_end(PC_PHASE_NORMS, &clock);
     pc_linear_prefetching(normed, H, rows, H / 2, a->gate_up_w, gu_w, NULL, gate_up, gu_w, nt,
                           &to_down);
+    pc_phase_end(PC_PHASE_GATE_UP, &clock);
     pc_silu_and_mul(gate_up, gu_w, act, a->inter, rows, a->inter, nt);
+    pc_phase_end(PC_PHASE_SILU_AND_MUL, &clock);
     pc_linear_prefetching(act, a->inter, rows, a->inter / 2, a->down_w, H, NULL, a->out, H, nt,
                           &to_next);
+    pc_phase_end(PC_PHASE_DOWN, &clock);
 }
 
 /* The rest of the layer for rows out_rows only, after every row's KV write: their queries
@@ -136,11 +142,13 @@ static int selected_rows(const layer_args *a, const bf16 *qkv, bf16 *attended, b
     bf16 *queries = gate_up; /* [R][attn_w], free until the MLP */
     for (int64_t i = 0; i < R; i++)
         memcpy(queries + i * attn_w, qkv + a->out_rows[i] * qkv_w, (size_t)attn_w * 2);
+    double clock = pc_phase_start();
     const int err = pa_paged_attention(
         queries, attn_w, D, queries, attn_w, D, queries, attn_w, D, a->k_cache, a->v_cache, 0,
         NULL, NULL, a->num_blocks, a->out_tables, a->out_tables_stride, a->out_max_blocks, NULL,
         a->out_lens, (int)R, R, attended, (int)a->heads, (int)a->kv_heads, (int)D,
         (int)a->block_size, (float)a->scale, 1, (int)nt);
+    pc_phase_end(PC_PHASE_ATTENTION, &clock);
     if (err) return err;
     for (int64_t i = 0; i < R; i++)
         if (a->out_rows[i] != i)
@@ -167,7 +175,9 @@ static int decoder_layer(const layer_args *a, const layer_args *next, const int3
     const float eps = (float)a->eps;
 
     bf16 *residual = a->residual ? a->residual : a->delta;
+    double clock = pc_phase_start();
     pc_rms_norm(a->delta, H, a->residual, H, a->input_norm, normed, H, T, H, eps, (int)nt);
+    pc_phase_end(PC_PHASE_NORMS, &clock);
     gemm_prefetch to_attention = then_gemm(a->num_out < 0 ? a->o_w : NULL, attn_w / 2, H);
     to_attention.k_pool = (const char *)a->k_cache;
     to_attention.v_pool = (const char *)a->v_cache;
@@ -176,11 +186,13 @@ static int decoder_layer(const layer_args *a, const layer_args *next, const int3
     to_attention.block_bytes = a->block_size * a->kv_heads * D * (int64_t)sizeof(bf16);
     pc_linear_prefetching(normed, H, T, H / 2, a->qkv_w, qkv_w, a->qkv_bias, qkv, qkv_w, (int)nt,
                           &to_attention);
+    pc_phase_end(PC_PHASE_QKV, &clock);
     pc_rotary(qkv, qkv_w, D, a->cos_sin, 2 * D, T, a->heads + a->kv_heads, D, (int)nt);
     const bf16 *k = qkv + a->heads * D, *v = k + a->kv_heads * D;
     if (pc_store_kv(k, qkv_w, D, v, qkv_w, D, a->k_cache, a->v_cache, a->slots, T, a->kv_heads,
                     D, a->num_blocks * a->block_size))
         return -7;
+    pc_phase_end(PC_PHASE_ROPE_KV_WRITE, &clock);
     if (a->num_out >= 0) return selected_rows(a, qkv, attended, gate_up, normed, act, residual);
     const int64_t nd = a->num_decode;
     int err = 0;
@@ -199,6 +211,7 @@ static int decoder_layer(const layer_args *a, const layer_args *next, const int3
                                  (int)a->num_prefill, T - nd, attended + nd * attn_w,
                                  (int)a->heads, (int)a->kv_heads, (int)D, (int)a->block_size,
                                  (float)a->scale, 0, (int)nt);
+    pc_phase_end(PC_PHASE_ATTENTION, &clock);
     if (err) return err;
     mlp_half(a, next, T, attended, gate_up, normed, act, residual);
     return 0;

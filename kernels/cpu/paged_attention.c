@@ -771,6 +771,7 @@ int pa_paged_attention(const bf16 *q, int64_t q_st, int64_t q_sh, const bf16 *k,
                        .bt_stride = bt_stride, .out = out, .H = num_heads, .KVH = num_kv_heads,
                        .G = G, .D = D, .bs = block_size, .c = scale * 1.4426950408889634f,
                        .seqs = seqs, .ws = ws};
+    double clock = pc_phase_start();
 #pragma omp parallel num_threads(nt)
     {
         const int64_t tid = omp_get_thread_num();
@@ -785,6 +786,8 @@ int pa_paged_attention(const bf16 *q, int64_t q_st, int64_t q_sh, const bf16 *k,
             }
         }
 #pragma omp barrier
+#pragma omp master
+        if (np) pc_phase_end(PC_PHASE_ATTENTION_PACKING, &clock);
 #pragma omp for schedule(dynamic, 1)
         for (int64_t i = 0; i < ni; i++) {
             const work_item *it = &items[i];

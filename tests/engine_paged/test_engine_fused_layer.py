@@ -118,3 +118,22 @@ def test_a_projection_swapped_after_a_forward_reaches_the_fused_layers(
     monkeypatch.setattr(PagedAttention, "paged_step", lambda self, layer_idx: None)
     separate = llm.generate([PROMPTS[1]], greedy)[0].token_ids
     assert fused == separate != before
+
+
+def test_phase_profile_times_the_fused_layers_only_inside_its_block(
+    tiny_llama_hd64_dir: Path,
+) -> None:
+    llm = LLM(str(tiny_llama_hd64_dir), dtype="bfloat16", num_blocks=64, block_size=4)
+    greedy = SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True)
+    llm.generate([PROMPTS[1]], greedy)  # outside any block: not counted
+    with cpu_kernels().phase_profile() as idle:
+        pass
+    assert set(idle) == set(cpu_kernels().PHASES) and not any(idle.values())
+    with cpu_kernels().phase_profile() as seconds:
+        llm.generate([PROMPTS[0]], greedy)  # a prefill over cached blocks, then decode steps
+    for phase in ("norms", "qkv", "rope_kv_write", "attention", "o_proj", "gate_up", "down"):
+        assert seconds[phase] > 0, phase
+    assert 0 < seconds["attention_packing"] <= seconds["attention"]
+    with cpu_kernels().phase_profile() as one_row:  # all cached: only the last token runs
+        llm.generate([PROMPTS[0]], SamplingParams(max_tokens=1, temperature=0.0))
+    assert one_row["attention"] > 0 and one_row["attention_packing"] == 0  # read in place

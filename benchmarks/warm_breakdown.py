@@ -1,0 +1,132 @@
+"""Where a warm request's time goes: the fused decoder layers' phases (``phase_profile``), the
+output head and everything outside the compiled layers, for 64 new tokens over a cached
+1,637-token prefix on SmolLM2 (engine_bench.py's warm case), with each phase's GFLOP/s.
+
+    python benchmarks/warm_breakdown.py [--quick] [--requests 30] [--prefix 1637]
+                                        [--suffix 64] [--out results/warm_breakdown.json]
+
+CPU, bf16, compiled kernels only (the phases are the fused layers'). ``--quick`` (the tests'
+smoke run): 3 requests of 16 new tokens over 256.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from rich.console import Console
+from rich.table import Table
+
+sys.path.insert(0, str(Path(__file__).parent))
+from engine_bench import FIRST_TOKEN, text_tokens
+
+from prefixcache.engine import LLM
+from prefixcache.engine.model_config import ModelConfig
+from prefixcache.kernels.cpu import PHASES, phase_profile
+
+
+def phase_flops(config: ModelConfig, new: int, cached: int) -> dict[str, float]:
+    """FLOPs of each GEMM phase and of the attention for ``new`` tokens over ``cached`` ones:
+    every layer computes k/v for all new tokens, the last one goes on for the sampled row."""
+    hidden, heads, kv_heads = config.hidden_size, config.num_heads, config.num_kv_heads
+    head_dim, inter, layers = config.head_dim, config.intermediate_size, config.num_layers
+    rows = (layers - 1) * new + 1  # rows past the attention, the sampled row in the last layer
+    keys_seen = new * cached + new * (new + 1) // 2  # over the new rows of one layer
+    attention = 4 * heads * head_dim * ((layers - 1) * keys_seen + cached + new)
+    return {
+        "qkv": 2 * layers * new * hidden * (heads + 2 * kv_heads) * head_dim,
+        "attention": attention,
+        "o_proj": 2 * rows * heads * head_dim * hidden,
+        "gate_up": 2 * rows * hidden * 2 * inter,
+        "down": 2 * rows * inter * hidden,
+    }
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    llm = LLM(model="smollm2", dtype="bfloat16")
+    model = llm.engine.runner.model
+    head_seconds: list[float] = []
+    compute_logits = model.compute_logits
+
+    def timed_logits(hidden: torch.Tensor) -> torch.Tensor:
+        start = time.perf_counter()
+        logits = compute_logits(hidden)
+        head_seconds.append(time.perf_counter() - start)
+        return logits
+
+    model.compute_logits = timed_logits
+    prefix = text_tokens(llm, args.prefix, 1)
+    llm.warm(prefix)
+    suffixes = [text_tokens(llm, args.suffix, 100 + i) for i in range(args.requests + 3)]
+    for suffix in suffixes[:3]:  # settle buffers and caches
+        llm.generate([prefix + suffix], FIRST_TOKEN)
+    head_seconds.clear()
+    totals, computed = [], []
+    with phase_profile() as seconds:
+        for suffix in suffixes[3:]:
+            start = time.perf_counter()
+            out = llm.generate([prefix + suffix], FIRST_TOKEN)[0]
+            totals.append(time.perf_counter() - start)
+            computed.append(len(out.prompt_token_ids) - out.num_cached_tokens)
+    n = len(totals)
+    per_request = {phase: seconds[phase] / n for phase in PHASES}
+    per_request["output_head"] = sum(head_seconds) / n
+    layers = sum(per_request[p] for p in PHASES if p != "attention_packing")
+    total = sum(totals) / n
+    per_request["outside_compiled_layers"] = total - layers - per_request["output_head"]
+    new = round(statistics.mean(computed))
+    flops = phase_flops(model.config, new, args.prefix + args.suffix - new)
+    return {
+        "prefix_tokens": args.prefix,
+        "suffix_tokens": args.suffix,
+        "computed_tokens_mean": statistics.mean(computed),
+        "requests": n,
+        "request_ms_mean": total * 1e3,
+        "request_ms_median": statistics.median(totals) * 1e3,
+        "phase_ms": {phase: s * 1e3 for phase, s in per_request.items()},
+        "phase_gflops": {
+            phase: count / per_request[phase] / 1e9 for phase, count in flops.items()
+        },
+    }
+
+
+def print_report(report: dict[str, Any]) -> None:
+    table = Table(
+        title=f"warm request: {report['suffix_tokens']} new over {report['prefix_tokens']} "
+        f"cached, mean {report['request_ms_mean']:.1f} ms ({report['requests']} requests)"
+    )
+    for column in ("phase", "ms / request", "share", "GFLOP/s"):
+        table.add_column(column, justify="left" if column == "phase" else "right")
+    total = report["request_ms_mean"]
+    for phase, ms in report["phase_ms"].items():
+        rate = report["phase_gflops"].get(phase)
+        name = f"  of which {phase}" if phase == "attention_packing" else phase
+        table.add_row(name, f"{ms:.2f}", f"{ms / total:.1%}", "" if rate is None else f"{rate:.0f}")
+    Console().print(table)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--requests", type=int, default=30)
+    parser.add_argument("--prefix", type=int, default=1637)
+    parser.add_argument("--suffix", type=int, default=64)
+    parser.add_argument("--out", type=Path, default=Path("results/warm_breakdown.json"))
+    parser.add_argument("--quick", action="store_true")
+    args = parser.parse_args()
+    if args.quick:
+        args.requests, args.prefix, args.suffix = 3, 256, 16
+    report = run(args)
+    print_report(report)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=2))
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
