@@ -43,7 +43,7 @@ def phase_flops(config: ModelConfig, new: int, cached: int) -> dict[str, float]:
         "qkv": 2 * layers * new * hidden * (heads + 2 * kv_heads) * head_dim,
         "attention": attention,
         "o_proj": 2 * rows * heads * head_dim * hidden,
-        "gate_up": 2 * rows * hidden * 2 * inter,
+        "gate_up_silu": 2 * rows * hidden * 2 * inter,
         "down": 2 * rows * inter * hidden,
     }
 

@@ -87,10 +87,10 @@ def test_warm_breakdown_quick(tmp_path):
     assert (result["prefix_tokens"], result["suffix_tokens"], result["requests"]) == (256, 16, 3)
     assert 0 < result["computed_tokens_mean"] <= 16
     phases = result["phase_ms"]
-    for phase in ("qkv", "attention", "o_proj", "gate_up", "down", "output_head"):
+    for phase in ("qkv", "attention", "o_proj", "gate_up_silu", "down", "output_head"):
         assert phases[phase] > 0, phase
     assert 0 < phases["attention_packing"] <= phases["attention"]
     layers = sum(ms for phase, ms in phases.items() if phase not in (
         "attention_packing", "output_head", "outside_compiled_layers"))
     assert layers < result["request_ms_mean"]
-    assert set(result["phase_gflops"]) == {"qkv", "attention", "o_proj", "gate_up", "down"}
+    assert set(result["phase_gflops"]) == {"qkv", "attention", "o_proj", "gate_up_silu", "down"}

@@ -40,6 +40,10 @@ typedef struct {
 void pc_linear_prefetching(const bf16 *x, int64_t x_stride, int64_t rows, int64_t k_pairs,
                            const bf16 *packed, int64_t n_out, const bf16 *bias, bf16 *out,
                            int64_t out_stride, int num_threads, const gemm_prefetch *ahead);
+void pc_linear_swiglu(const bf16 *x, int64_t x_stride, int64_t rows, int64_t k_pairs,
+                      const bf16 *packed, int64_t inter, bf16 *gate, int64_t gate_stride,
+                      bf16 *act, int64_t act_stride, int num_threads,
+                      const gemm_prefetch *ahead);
 /* phase_profile.c: the fused layers' phases (phase_profile.py mirrors this list) */
 enum {
     PC_PHASE_NORMS,            /* both RMSNorms with their residual adds */
@@ -48,8 +52,7 @@ enum {
     PC_PHASE_ATTENTION,        /* paged attention, its K/V packing included */
     PC_PHASE_ATTENTION_PACKING, /* of which: packing the keys and values (prefills) */
     PC_PHASE_O,                /* the output projection */
-    PC_PHASE_GATE_UP,          /* the gate and up projections */
-    PC_PHASE_SILU_AND_MUL,
+    PC_PHASE_GATE_UP_SILU,     /* the gate and up projections with SiLU-and-mul */
     PC_PHASE_DOWN,             /* the down projection */
     PC_NUM_PHASES
 };

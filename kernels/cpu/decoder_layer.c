@@ -7,7 +7,7 @@
  *   qkv      = normed Wqkv^T (+ bias); RoPE on q, k; k, v written to their pool slots
  *   attended = paged attention: decode rows [0, num_decode), then prefill rows
  *   normed   = rms_norm(residual += attended Wo^T)
- *   out      = (silu(normed Wgate^T) * normed Wup^T) Wdown^T
+ *   out      = (silu(normed Wgate^T) * normed Wup^T) Wdown^T   (SiLU-and-mul in the GEMM)
  *
  * The same roundings as the separate ops, so the results are theirs exactly. Each GEMM's tiles
  * also bring into L2 what comes right after it (pc_linear_prefetching): the QKV projection the
@@ -121,11 +121,9 @@ static void mlp_half(const layer_args *a, const layer_args *next, int64_t rows,
     pc_phase_end(PC_PHASE_O, &clock);
     pc_rms_norm(projected, H, residual, H, a->post_norm, normed, H, rows, H, (float)a->eps, nt);
     pc_phase_end(PC_PHASE_NORMS, &clock);
-    pc_linear_prefetching(normed, H, rows, H / 2, a->gate_up_w, gu_w, NULL, gate_up, gu_w, nt,
-                          &to_down);
-    pc_phase_end(PC_PHASE_GATE_UP, &clock);
-    pc_silu_and_mul(gate_up, gu_w, act, a->inter, rows, a->inter, nt);
-    pc_phase_end(PC_PHASE_SILU_AND_MUL, &clock);
+    pc_linear_swiglu(normed, H, rows, H / 2, a->gate_up_w, a->inter, gate_up, gu_w, act,
+                     a->inter, nt, &to_down);
+    pc_phase_end(PC_PHASE_GATE_UP_SILU, &clock);
     pc_linear_prefetching(act, a->inter, rows, a->inter / 2, a->down_w, H, NULL, a->out, H, nt,
                           &to_next);
     pc_phase_end(PC_PHASE_DOWN, &clock);

@@ -17,6 +17,11 @@
  * into L2 what the thread reads right after the GEMM: KV pool blocks (the attention's packing
  * of a cached prefix, which would otherwise wait for memory), then its first strip of the
  * GEMM that follows.
+ *
+ * pc_linear_swiglu runs a gate_up projection ([gate; up] rows, `inter` each) with SiLU-and-mul
+ * in the epilogue: its items are pairs of strips (gate strip s, up strip s + inter / 64), each
+ * row tile computing the gate tile (stored, bf16) and then the up tile, whose epilogue reads
+ * the gate back and writes act = bf16(bf16(silu(g)) * bf16(u)), as the separate ops round.
  */
 #include <omp.h>
 #include <stdint.h>
@@ -37,7 +42,9 @@ typedef struct {
     const bf16 *bias;
     bf16 *out;
     int64_t out_stride;
-    int64_t n, k2; /* output columns, input pairs */
+    int64_t n, k2;   /* output columns, input pairs */
+    const bf16 *gate; /* gated epilogue: the gate rows (bf16, gate_stride), read back */
+    int64_t gate_stride;
 } linear_problem;
 
 /* A thread's walk over the byte ranges it brings into L2 for what follows the GEMM: K then V
@@ -71,8 +78,13 @@ static void walk_next_range(prefetch_walk *w) {
  * strip: two such tiles bring in the strip this thread reads next); PF_WALK, a line per input
  * pair along `walk`. */
 enum { PF_NONE = 0, PF_SELF = 1, PF_NEXT = 2, PF_WALK = 3 };
-INLINE void tile(const int R, const int NV, const int PF, const linear_problem *p, int64_t m0,
-                 int64_t c0, const char *next, prefetch_walk *walk) {
+/* Epilogues: EPI_STORE, out[r][c] = bf16(acc + bias); EPI_GATED (pc_linear_swiglu: no bias,
+ * c0 in the up half [n, 2 n) of [gate; up]), out[r][c - n] = silu_and_mul(gate[r][c - n],
+ * bf16(acc)). */
+enum { EPI_STORE = 0, EPI_GATED = 1 };
+INLINE void tile_epi(const int R, const int NV, const int PF, const int EPI,
+                     const linear_problem *p, int64_t m0, int64_t c0, const char *next,
+                     prefetch_walk *walk) {
     __m512 acc[TILE_M][4];
 #pragma GCC unroll 6
     for (int r = 0; r < R; r++)
@@ -106,6 +118,19 @@ INLINE void tile(const int R, const int NV, const int PF, const linear_problem *
             for (int v = 0; v < NV; v++) acc[r][v] = _mm512_dpbf16_ps(acc[r][v], a, b[v]);
         }
     }
+    if (EPI == EPI_GATED) { /* c0 is inside the up half: columns [n, 2 n) of [gate; up] */
+#pragma GCC unroll 4
+        for (int v = 0; v < NV; v++) {
+            const int64_t c = c0 - p->n + 16 * v;
+#pragma GCC unroll 6
+            for (int r = 0; r < R; r++) {
+                const __m512 g = load_bf16(p->gate + (m0 + r) * p->gate_stride + c, 0xFFFF);
+                store_bf16(p->out + (m0 + r) * p->out_stride + c,
+                           silu_and_mul(g, round_bf16(acc[r][v])), 0xFFFF);
+            }
+        }
+        return;
+    }
 #pragma GCC unroll 4
     for (int v = 0; v < NV; v++) {
         const int64_t c = c0 + 16 * v;
@@ -116,6 +141,11 @@ INLINE void tile(const int R, const int NV, const int PF, const linear_problem *
         for (int r = 0; r < R; r++)
             store_bf16(p->out + (m0 + r) * p->out_stride + c, _mm512_add_ps(acc[r][v], bias), m);
     }
+}
+
+INLINE void tile(const int R, const int NV, const int PF, const linear_problem *p, int64_t m0,
+                 int64_t c0, const char *next, prefetch_walk *walk) {
+    tile_epi(R, NV, PF, EPI_STORE, p, m0, c0, next, walk);
 }
 
 #define DEFINE_TILE(R, NV, PF)                                                                \
@@ -132,6 +162,20 @@ DEFINE_TILES(3)
 DEFINE_TILES(4)
 DEFINE_TILES(5)
 DEFINE_TILES(6)
+
+#define DEFINE_GATED_TILE(R, PF)                                                             \
+    static void gated_##R##_##PF(const linear_problem *p, int64_t m0, int64_t c0,            \
+                                 const char *next, prefetch_walk *walk) {                    \
+        tile_epi(R, 4, PF, EPI_GATED, p, m0, c0, next, walk);                                \
+    }
+#define DEFINE_GATED_TILES(R) \
+    DEFINE_GATED_TILE(R, 0) DEFINE_GATED_TILE(R, 1) DEFINE_GATED_TILE(R, 2) DEFINE_GATED_TILE(R, 3)
+DEFINE_GATED_TILES(1)
+DEFINE_GATED_TILES(2)
+DEFINE_GATED_TILES(3)
+DEFINE_GATED_TILES(4)
+DEFINE_GATED_TILES(5)
+DEFINE_GATED_TILES(6)
 
 typedef void (*tile_fn)(const linear_problem *, int64_t, int64_t, const char *,
                         prefetch_walk *);
@@ -206,7 +250,7 @@ void pc_linear_prefetching(const bf16 *x, int64_t x_stride, int64_t rows, int64_
                            int64_t out_stride, int num_threads, const gemm_prefetch *ahead) {
     if (rows <= 0 || n_out <= 0) return;
     const linear_problem p = {x, x_stride, (const uint32_t *)packed, bias, out, out_stride,
-                              n_out, k_pairs};
+                              n_out, k_pairs, NULL, 0};
     const int64_t strips = (n_out + STRIP - 1) / STRIP;
     const int nt = num_threads > 0 ? num_threads : 1;
     if (rows <= TILE_M) {
@@ -253,6 +297,83 @@ void pc_linear_prefetching(const bf16 *x, int64_t x_stride, int64_t rows, int64_
                 halves += mode == PF_NEXT;
             }
             if (next_strip != strip) fetched = halves == 2 ? next_strip : -1;
+        }
+    }
+}
+
+/* gated tiles, [rows][PF_NONE, PF_SELF, PF_NEXT, PF_WALK] */
+static const tile_fn GATED_TILES[TILE_M + 1][4] = {
+    {NULL, NULL, NULL, NULL},
+    {gated_1_0, gated_1_1, gated_1_2, gated_1_3},
+    {gated_2_0, gated_2_1, gated_2_2, gated_2_3},
+    {gated_3_0, gated_3_1, gated_3_2, gated_3_3},
+    {gated_4_0, gated_4_1, gated_4_2, gated_4_3},
+    {gated_5_0, gated_5_1, gated_5_2, gated_5_3},
+    {gated_6_0, gated_6_1, gated_6_2, gated_6_3},
+};
+
+/*
+ * act[m][i] = bf16(bf16(silu(g)) * u), g = bf16(x[m] . w[i]), u = bf16(x[m] . w[inter + i]), for
+ * m < rows, i < inter: a gate_up projection (packed, 2 inter output columns, no bias) and
+ * SiLU-and-mul at once, the same values as pc_linear then pc_silu_and_mul. `gate` (rows x inter,
+ * gate_stride) receives the gate values on the way. With few rows (decode) or inter not a
+ * multiple of 64 it runs as exactly those two calls, `gate` then holding the whole [gate; up]
+ * (rows x 2 inter). `ahead` as for pc_linear_prefetching.
+ */
+void pc_linear_swiglu(const bf16 *x, int64_t x_stride, int64_t rows, int64_t k_pairs,
+                      const bf16 *packed, int64_t inter, bf16 *gate, int64_t gate_stride,
+                      bf16 *act, int64_t act_stride, int num_threads,
+                      const gemm_prefetch *ahead) {
+    if (rows <= 0 || inter <= 0) return;
+    const int nt = num_threads > 0 ? num_threads : 1;
+    if (rows <= TILE_M || inter % STRIP) {
+        pc_linear_prefetching(x, x_stride, rows, k_pairs, packed, 2 * inter, NULL, gate,
+                              gate_stride, nt, ahead);
+        pc_silu_and_mul(gate, gate_stride, act, act_stride, rows, inter, nt);
+        return;
+    }
+    const linear_problem gate_p = {x, x_stride, (const uint32_t *)packed, NULL, gate, gate_stride,
+                                   inter, k_pairs, NULL, 0};
+    const linear_problem up_p = {x, x_stride, (const uint32_t *)packed, NULL, act, act_stride,
+                                 inter, k_pairs, gate, gate_stride};
+    const int64_t pairs = inter / STRIP, strip_bytes = k_pairs * STRIP * 4;
+    const row_split sp = split_rows(rows, pairs, nt);
+#pragma omp parallel num_threads(nt)
+    {
+        const int64_t team = omp_get_num_threads(), tid = omp_get_thread_num();
+        const int64_t lo = sp.items * tid / team, hi = sp.items * (tid + 1) / team;
+        int64_t fetched = -1; /* the pair the previous item prefetched whole */
+        prefetch_walk walk = start_walk(ahead, rows, tid, team);
+        for (int64_t item = lo; item < hi; item++) {
+            const int64_t pair = item / sp.chunks, chunk = item % sp.chunks;
+            const int64_t next_pair = item + 1 < hi ? (item + 1) / sp.chunks : pair;
+            /* the next pair's gate strip, then its up strip, a half per tile */
+            const char *next_strips[2] = {(const char *)packed + next_pair * strip_bytes,
+                                          (const char *)packed + (pairs + next_pair) * strip_bytes};
+            const int64_t m_start = chunk * sp.tiles_per_chunk * TILE_M;
+            const int64_t m_end0 = (chunk + 1) * sp.tiles_per_chunk * TILE_M;
+            const int64_t m_end = m_end0 < rows ? m_end0 : rows;
+            int quarters = 0; /* of the next pair prefetched so far: two halves of two strips */
+            for (int64_t m0 = m_start; m0 < m_end; m0 += TILE_M) {
+                const int R = m_end - m0 < TILE_M ? (int)(m_end - m0) : TILE_M;
+                for (int half = 0; half < 2; half++) { /* the gate tile, then the up tile */
+                    int mode = PF_NONE;
+                    if (m0 == m_start && (chunk == 0 || item == lo) && pair != fetched)
+                        mode = PF_SELF; /* its first pass, from memory */
+                    else if (next_pair != pair && quarters < 4)
+                        mode = PF_NEXT;
+                    else if (walk.left > 0)
+                        mode = PF_WALK;
+                    const char *next =
+                        next_strips[quarters / 2] + (quarters % 2) * (strip_bytes / 2);
+                    if (half == 0)
+                        STRIP_TILES[R][mode](&gate_p, m0, pair * STRIP, next, &walk);
+                    else
+                        GATED_TILES[R][mode](&up_p, m0, (pairs + pair) * STRIP, next, &walk);
+                    quarters += mode == PF_NEXT;
+                }
+            }
+            if (next_pair != pair) fetched = quarters == 4 ? next_pair : -1;
         }
     }
 }

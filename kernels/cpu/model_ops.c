@@ -101,17 +101,13 @@ void pc_rotary(bf16 *x, int64_t token_stride, int64_t head_stride, const bf16 *c
  */
 void pc_silu_and_mul(const bf16 *gate_up, int64_t gate_up_stride, bf16 *out,
                      int64_t out_stride, int64_t rows, int64_t inter, int num_threads) {
-    const __m512 one = _mm512_set1_ps(1.0f);
 #pragma omp parallel for num_threads(team(rows * inter, num_threads)) schedule(static)
     for (int64_t r = 0; r < rows; r++) {
         const bf16 *gate = gate_up + r * gate_up_stride, *up = gate + inter;
         bf16 *dst = out + r * out_stride;
         for (int64_t i = 0; i < inter; i += 16) {
             const __mmask16 m = lanes(inter - i);
-            const __m512 g = load_bf16(gate + i, m);
-            const __m512 e = exp_ps(_mm512_sub_ps(_mm512_setzero_ps(), g));
-            const __m512 silu = round_bf16(_mm512_div_ps(g, _mm512_add_ps(one, e)));
-            store_bf16(dst + i, _mm512_mul_ps(silu, load_bf16(up + i, m)), m);
+            store_bf16(dst + i, silu_and_mul(load_bf16(gate + i, m), load_bf16(up + i, m)), m);
         }
     }
 }

@@ -25,8 +25,7 @@ PHASES = (
     "attention",  # paged attention, its K/V packing included
     "attention_packing",  # of which: packing keys and values (prefills)
     "o_proj",
-    "gate_up",
-    "silu_and_mul",
+    "gate_up_silu",  # the gate and up projections with SiLU-and-mul
     "down",
 )
 

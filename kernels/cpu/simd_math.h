@@ -62,6 +62,14 @@ static inline __m512 exp_ps(__m512 x) {
     return _mm512_mul_ps(exp2_ps(t), correction);
 }
 
+/* bf16(bf16(silu(g)) * u) for bf16 values g and u (exact in float32), silu(g) = g / (1 + e^-g)
+ * in float32: torch's silu, then mul_, in bf16. The result is to be stored as bf16. */
+INLINE __m512 silu_and_mul(__m512 g, __m512 u) {
+    const __m512 e = exp_ps(_mm512_sub_ps(_mm512_setzero_ps(), g));
+    const __m512 silu = round_bf16(_mm512_div_ps(g, _mm512_add_ps(_mm512_set1_ps(1.0f), e)));
+    return _mm512_mul_ps(silu, u);
+}
+
 /* Grows a buffer kept by the calling thread (*buf, *have bytes) to at least `bytes`, with a
  * quarter of headroom, 64-byte aligned, never shrunk; returns it, or NULL out of memory. */
 static inline void *grow_buffer(void **buf, int64_t *have, int64_t bytes) {

@@ -131,7 +131,8 @@ def test_phase_profile_times_the_fused_layers_only_inside_its_block(
     assert set(idle) == set(cpu_kernels().PHASES) and not any(idle.values())
     with cpu_kernels().phase_profile() as seconds:
         llm.generate([PROMPTS[0]], greedy)  # a prefill over cached blocks, then decode steps
-    for phase in ("norms", "qkv", "rope_kv_write", "attention", "o_proj", "gate_up", "down"):
+    for phase in ("norms", "qkv", "rope_kv_write", "attention", "o_proj", "gate_up_silu",
+                  "down"):
         assert seconds[phase] > 0, phase
     assert 0 < seconds["attention_packing"] <= seconds["attention"]
     with cpu_kernels().phase_profile() as one_row:  # all cached: only the last token runs
