@@ -182,22 +182,28 @@ typedef void (*tile_fn)(const linear_problem *, int64_t, int64_t, const char *,
 /* 16-column slices (decode), prefetching ahead */
 static const tile_fn SLICE_TILES[TILE_M + 1] = {NULL,       tile_1_1_1, tile_2_1_1, tile_3_1_1,
                                                 tile_4_1_1, tile_5_1_1, tile_6_1_1};
-/* whole strips, [rows][PF_NONE, PF_SELF, PF_NEXT, PF_WALK] */
-static const tile_fn STRIP_TILES[TILE_M + 1][4] = {
-    {NULL, NULL, NULL, NULL},
-    {tile_1_4_0, tile_1_4_1, tile_1_4_2, tile_1_4_3},
-    {tile_2_4_0, tile_2_4_1, tile_2_4_2, tile_2_4_3},
-    {tile_3_4_0, tile_3_4_1, tile_3_4_2, tile_3_4_3},
-    {tile_4_4_0, tile_4_4_1, tile_4_4_2, tile_4_4_3},
-    {tile_5_4_0, tile_5_4_1, tile_5_4_2, tile_5_4_3},
-    {tile_6_4_0, tile_6_4_1, tile_6_4_2, tile_6_4_3},
-};
+/* A [rows 0..TILE_M][PF_NONE, PF_SELF, PF_NEXT, PF_WALK] table of the tiles NAME(R, PF). */
+#define TILE_ROW(NAME, R) {NAME(R, 0), NAME(R, 1), NAME(R, 2), NAME(R, 3)}
+#define TILE_TABLE(NAME)                                                                      \
+    {{NULL, NULL, NULL, NULL}, TILE_ROW(NAME, 1), TILE_ROW(NAME, 2), TILE_ROW(NAME, 3),       \
+     TILE_ROW(NAME, 4),        TILE_ROW(NAME, 5), TILE_ROW(NAME, 6)}
+#define STRIP_TILE(R, PF) tile_##R##_4_##PF
+/* whole strips */
+static const tile_fn STRIP_TILES[TILE_M + 1][4] = TILE_TABLE(STRIP_TILE);
 
 /* How the many-rows path shares out a GEMM of `strips` strips over `rows` rows: items
  * (strip-major) of one strip times a range of tiles_per_chunk row tiles, `chunks` a strip. */
 typedef struct {
     int64_t chunks, tiles_per_chunk, items;
 } row_split;
+
+/* What a tile of the many-rows path prefetches: its own weight on its item's first pass (from
+ * memory), else the thread's next weight while some of it is still to fetch, else the walk. */
+static inline int tile_prefetch(int first_pass, int next_to_fetch, const prefetch_walk *walk) {
+    if (first_pass) return PF_SELF;
+    if (next_to_fetch) return PF_NEXT;
+    return walk->left > 0 ? PF_WALK : PF_NONE;
+}
 
 static row_split split_rows(int64_t rows, int64_t strips, int nt) {
     const int64_t tiles = (rows + TILE_M - 1) / TILE_M;
@@ -285,13 +291,9 @@ void pc_linear_prefetching(const bf16 *x, int64_t x_stride, int64_t rows, int64_
             int halves = 0; /* of the next strip prefetched so far */
             for (int64_t m0 = m_start; m0 < m_end; m0 += TILE_M) {
                 const int R = m_end - m0 < TILE_M ? (int)(m_end - m0) : TILE_M;
-                int mode = PF_NONE;
-                if (m0 == m_start && (chunk == 0 || item == lo) && strip != fetched)
-                    mode = PF_SELF; /* its first pass, from memory */
-                else if (next_strip != strip && halves < 2)
-                    mode = PF_NEXT;
-                else if (walk.left > 0)
-                    mode = PF_WALK;
+                const int mode = tile_prefetch(
+                    m0 == m_start && (chunk == 0 || item == lo) && strip != fetched,
+                    next_strip != strip && halves < 2, &walk);
                 STRIP_TILES[R][mode](&p, m0, strip * STRIP, next + halves * (strip_bytes / 2),
                                      &walk);
                 halves += mode == PF_NEXT;
@@ -301,16 +303,8 @@ void pc_linear_prefetching(const bf16 *x, int64_t x_stride, int64_t rows, int64_
     }
 }
 
-/* gated tiles, [rows][PF_NONE, PF_SELF, PF_NEXT, PF_WALK] */
-static const tile_fn GATED_TILES[TILE_M + 1][4] = {
-    {NULL, NULL, NULL, NULL},
-    {gated_1_0, gated_1_1, gated_1_2, gated_1_3},
-    {gated_2_0, gated_2_1, gated_2_2, gated_2_3},
-    {gated_3_0, gated_3_1, gated_3_2, gated_3_3},
-    {gated_4_0, gated_4_1, gated_4_2, gated_4_3},
-    {gated_5_0, gated_5_1, gated_5_2, gated_5_3},
-    {gated_6_0, gated_6_1, gated_6_2, gated_6_3},
-};
+#define GATED_TILE(R, PF) gated_##R##_##PF
+static const tile_fn GATED_TILES[TILE_M + 1][4] = TILE_TABLE(GATED_TILE);
 
 /*
  * act[m][i] = bf16(bf16(silu(g)) * u), g = bf16(x[m] . w[i]), u = bf16(x[m] . w[inter + i]), for
@@ -357,13 +351,9 @@ void pc_linear_swiglu(const bf16 *x, int64_t x_stride, int64_t rows, int64_t k_p
             for (int64_t m0 = m_start; m0 < m_end; m0 += TILE_M) {
                 const int R = m_end - m0 < TILE_M ? (int)(m_end - m0) : TILE_M;
                 for (int half = 0; half < 2; half++) { /* the gate tile, then the up tile */
-                    int mode = PF_NONE;
-                    if (m0 == m_start && (chunk == 0 || item == lo) && pair != fetched)
-                        mode = PF_SELF; /* its first pass, from memory */
-                    else if (next_pair != pair && quarters < 4)
-                        mode = PF_NEXT;
-                    else if (walk.left > 0)
-                        mode = PF_WALK;
+                    const int mode = tile_prefetch(
+                        m0 == m_start && (chunk == 0 || item == lo) && pair != fetched,
+                        next_pair != pair && quarters < 4, &walk);
                     const char *next =
                         next_strips[quarters / 2] + (quarters % 2) * (strip_bytes / 2);
                     if (half == 0)
