@@ -143,15 +143,10 @@ INLINE void tile_epi(const int R, const int NV, const int PF, const int EPI,
     }
 }
 
-INLINE void tile(const int R, const int NV, const int PF, const linear_problem *p, int64_t m0,
-                 int64_t c0, const char *next, prefetch_walk *walk) {
-    tile_epi(R, NV, PF, EPI_STORE, p, m0, c0, next, walk);
-}
-
 #define DEFINE_TILE(R, NV, PF)                                                                \
     static void tile_##R##_##NV##_##PF(const linear_problem *p, int64_t m0, int64_t c0,       \
                                        const char *next, prefetch_walk *walk) {               \
-        tile(R, NV, PF, p, m0, c0, next, walk);                                               \
+        tile_epi(R, NV, PF, EPI_STORE, p, m0, c0, next, walk);                                \
     }
 #define DEFINE_TILES(R)                                                                   \
     DEFINE_TILE(R, 1, 1) DEFINE_TILE(R, 4, 0) DEFINE_TILE(R, 4, 1) DEFINE_TILE(R, 4, 2) \
