@@ -19,6 +19,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from bench_report import write_json
+
 VARIANTS = ("engine_thread", "caller_thread")
 REQUESTS = 4
 
@@ -69,8 +71,7 @@ def main() -> None:
         f" ms, on the caller's thread {report['caller_thread'] * 1e3:.1f} ms, ratio "
         f"{report['caller_over_engine_thread']:.2f}"
     )
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"requests": samples, **report}, indent=2) + "\n")
+    write_json(args.out, {"requests": samples, **report})
     print(f"wrote {args.out}")
 
 

@@ -31,7 +31,6 @@ FLOPs: 4 * heads * head_dim * (query, visible key) pairs.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
 from collections.abc import Callable
@@ -40,6 +39,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from bench_report import write_json
 
 from prefixcache.kernels.cpu import (
     cpu_attention_available,
@@ -303,8 +303,7 @@ def main() -> None:
         "block_size": BLOCK_SIZE,
         "quantized_pools": "per-channel scales [kv_heads, head_dim]; new tokens' k/v bf16",
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"meta": meta, "cases": results}, indent=2) + "\n")
+    write_json(args.out, {"meta": meta, "cases": results})
     print(f"wrote {args.out}")
 
 

@@ -17,7 +17,6 @@ Two measurements, both side by side in one run (the variants alternate, best of 
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from collections.abc import Callable
 from functools import partial
@@ -25,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from bench_report import write_json
 
 from prefixcache.kernels.cpu import cpu_linear_supports, linear_cpu
 from prefixcache.kernels.reference.linear import pack_linear_weight
@@ -148,8 +148,7 @@ def main() -> None:
         "streamed": streamed(repeats, QUICK_ROWS if args.quick else STREAMED_ROWS),
         "hot": hot(repeats, QUICK_ROWS if args.quick else HOT_ROWS),
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    write_json(args.out, report)
     print(f"wrote {args.out}")
 
 

@@ -10,7 +10,6 @@ threads. ``--quick`` runs the TTFT part only (what the README's first command ru
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -23,6 +22,7 @@ from rich.console import Console
 from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).parent))
+from bench_report import write_json
 from hf_reference import hf_last_logits, hf_llama_from
 
 from prefixcache.engine import LLM, SamplingParams
@@ -260,8 +260,7 @@ def main() -> None:
     args = parser.parse_args()
     report = run(args)
     print_report(report)
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(report, indent=2))
+    write_json(args.out, report)
     print(f"wrote {args.out}")
 
 

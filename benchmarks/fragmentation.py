@@ -23,13 +23,13 @@ trace, preemptions. Paged/contiguous ratios come from the same run.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from bench_report import write_json
 from request_trace import Request, make_trace, trace_summary
 from rich.console import Console
 from rich.table import Table
@@ -282,8 +282,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
     result = run(args)
     Console().print(render(result))
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    write_json(args.out, result)
     print(f"wrote {args.out}")
     return result
 

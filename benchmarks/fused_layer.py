@@ -11,7 +11,6 @@ prompt. Medians of the rounds; both paths give bitwise the same logits (tested).
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 from pathlib import Path
@@ -19,6 +18,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
+from bench_report import write_json
 from engine_bench import text_tokens, timed_first_token
 
 from prefixcache.engine import LLM, SamplingParams
@@ -67,8 +67,7 @@ def main() -> None:
         f"{report['separate']['warm_ttft_s'] * 1e3:6.2f} ms   ratio "
         f"{report['warm_ttft_s_fused_over_separate']:.2f}"
     )
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    write_json(args.out, report)
     print(f"wrote {args.out}")
 
 

@@ -17,13 +17,13 @@ medians.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn.functional as F
+from bench_report import write_json
 
 PEAK_GBPS = {  # datasheet HBM/GDDR bandwidth, GB/s (1e9 bytes)
     "H200": 4800, "H100 SXM": 3350, "H100 PCIe": 2000, "H100": 3350, "A100-SXM4-80GB": 2039,
@@ -182,8 +182,7 @@ def main(argv: list[str] | None = None) -> int:
         "decode": bench_decode(bench, args, peak, copy_peak),
         "prefill": bench_prefill(bench, args),
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2))
+    write_json(args.out, result)
     print(f"wrote {args.out}")
     return 0
 

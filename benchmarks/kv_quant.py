@@ -16,7 +16,6 @@ Measured side by side in one run, for kv_cache_dtype auto (bf16), fp8 and int8:
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import random
 import sys
@@ -26,6 +25,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from bench_report import write_json
 
 from prefixcache.engine.kv_cache import PagedKVCache, calibrate_kv_scales
 from prefixcache.engine.llm import LLM
@@ -266,9 +266,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     result = run(args)
     print_table(result)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
     result["config"]["out"] = str(args.out)
-    args.out.write_text(json.dumps(result, indent=2))
+    write_json(args.out, result)
     print(f"wrote {args.out}")
     return 0
 

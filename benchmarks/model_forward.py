@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import gc
 import inspect
-import json
 import statistics
 import sys
 import time
@@ -29,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from bench_report import write_json
 from hf_reference import hf_llama_from_state
 
 from prefixcache.engine.model import CausalLM, ContiguousAttention
@@ -217,8 +217,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         bf16["ours_prefill_long_ms_cpu"] / bf16["hf_prefill_long_ms_cpu"], 3
     )
     report(results)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(results, indent=2))
+    write_json(args.out, results)
     return results
 
 

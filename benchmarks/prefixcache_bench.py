@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import sys
 import time
 import tracemalloc
@@ -25,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import vllm_block_hash as vllm
+from bench_report import write_json
 from bench_timing import discard, interleaved_median_ms, median_ms, median_ns
 from rich.console import Console
 from rich.table import Table
@@ -289,8 +289,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
     result = run(args)
     Console().print(render(result))
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    write_json(args.out, result)
     print(f"wrote {args.out}")
     return result
 

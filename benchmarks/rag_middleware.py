@@ -18,13 +18,14 @@ ratios; writes JSON to ``results/rag_middleware.json``.
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import statistics
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
+
+from bench_report import write_json
 
 from prefixcache.engine.llm import LLM
 from prefixcache.engine.sampling_params import SamplingParams
@@ -165,8 +166,7 @@ def main() -> None:
                  args.words_per_chunk, num_blocks=args.num_blocks, block_size=args.block_size,
                  dtype=args.dtype, seed=args.seed)
     print_report(report)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2))
+    write_json(args.out, report)
     print(f"wrote {args.out}")
 
 

@@ -12,7 +12,6 @@ smoke run): 3 requests of 16 new tokens over 256.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -24,6 +23,7 @@ from rich.console import Console
 from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).parent))
+from bench_report import write_json
 from engine_bench import FIRST_TOKEN, text_tokens
 
 from prefixcache.engine import LLM
@@ -123,8 +123,7 @@ def main() -> None:
         args.requests, args.prefix, args.suffix = 3, 256, 16
     report = run(args)
     print_report(report)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2))
+    write_json(args.out, report)
     print(f"wrote {args.out}")
 
 
