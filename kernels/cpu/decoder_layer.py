@@ -53,8 +53,9 @@ class PagedStep:
     sample_seq_lens: torch.Tensor  # [num_sampled] int32
 
     @functools.cached_property
-    def _fields(self) -> tuple[tuple[str, int | float], ...]:
-        """The step's ``layer_args`` fields, checked once and reused by every layer."""
+    def _args(self) -> _LayerArgs:
+        """A ``layer_args`` holding the step's fields (its tail from ``slots`` on, and
+        ``scale``), checked once; every layer copies them (`_copy_step_fields`)."""
         if self.slot_mapping.dtype is not torch.int64 or self.slot_mapping.dim() != 1:
             raise ValueError("slot_mapping must be int64 [num_tokens]")
         if self.sample_rows.dtype is not torch.int64 or self.sample_rows.dim() != 1:
@@ -70,19 +71,18 @@ class PagedStep:
             raise ValueError("step tables must be contiguous CPU int32 tensors")
         decode, prefill = self.decode_block_tables, self.prefill_block_tables
         sample = self.sample_block_tables
-        return (
-            ("slots", self.slot_mapping.data_ptr()), ("num_decode", self.num_decode),
-            ("decode_tables", decode.data_ptr()), ("decode_tables_stride", decode.stride(0)),
-            ("decode_max_blocks", decode.shape[1]),
-            ("decode_lens", self.decode_seq_lens.data_ptr()),
-            ("num_prefill", self.prefill_context_lens.shape[0]),
-            ("prefill_tables", prefill.data_ptr()), ("prefill_tables_stride", prefill.stride(0)),
-            ("prefill_max_blocks", prefill.shape[1]),
-            ("prefill_starts", self.prefill_query_start_loc.data_ptr()),
-            ("prefill_context", self.prefill_context_lens.data_ptr()), ("scale", self.scale),
-            ("num_out", -1), ("out_rows", self.sample_rows.data_ptr()),
-            ("out_tables", sample.data_ptr()), ("out_tables_stride", sample.stride(0)),
-            ("out_max_blocks", sample.shape[1]), ("out_lens", self.sample_seq_lens.data_ptr()),
+        return _LayerArgs(
+            slots=self.slot_mapping.data_ptr(), num_decode=self.num_decode,
+            decode_tables=decode.data_ptr(), decode_tables_stride=decode.stride(0),
+            decode_max_blocks=decode.shape[1], decode_lens=self.decode_seq_lens.data_ptr(),
+            num_prefill=self.prefill_context_lens.shape[0],
+            prefill_tables=prefill.data_ptr(), prefill_tables_stride=prefill.stride(0),
+            prefill_max_blocks=prefill.shape[1],
+            prefill_starts=self.prefill_query_start_loc.data_ptr(),
+            prefill_context=self.prefill_context_lens.data_ptr(), scale=self.scale,
+            num_out=-1, out_rows=self.sample_rows.data_ptr(),
+            out_tables=sample.data_ptr(), out_tables_stride=sample.stride(0),
+            out_max_blocks=sample.shape[1], out_lens=self.sample_seq_lens.data_ptr(),
         )  # fmt: skip
 
 
@@ -142,6 +142,18 @@ class _LayerArgs(ctypes.Structure):
         ("out_tables", ctypes.c_void_p), ("out_tables_stride", ctypes.c_int64),
         ("out_max_blocks", ctypes.c_int64), ("out_lens", ctypes.c_void_p),
     ]  # fmt: skip
+
+
+_STEP_TAIL = _LayerArgs.slots.offset  # the step's fields from here to the end, and `scale`
+
+
+def _copy_step_fields(layer: _LayerArgs, step: _LayerArgs) -> None:
+    ctypes.memmove(
+        ctypes.addressof(layer) + _STEP_TAIL,
+        ctypes.addressof(step) + _STEP_TAIL,
+        ctypes.sizeof(_LayerArgs) - _STEP_TAIL,
+    )
+    layer.scale = step.scale
 
 
 def fused_layer_supported(hidden: int, heads: int, kv_heads: int, head_dim: int,
@@ -207,8 +219,7 @@ def decoder_layers_cpu(
     for i, (weights, k_cache, v_cache) in enumerate(zip(layers, k_caches, v_caches, strict=True)):
         layer = args[i]
         ctypes.pointer(layer)[0] = weights._args
-        for name, value in step._fields:
-            setattr(layer, name, value)
+        _copy_step_fields(layer, step._args)
         pool_shape = (k_cache.shape[0], k_cache.shape[1], weights.kv_heads, weights.head_dim)
         layer.k_cache = _rows("k_cache", k_cache, pool_shape)
         layer.v_cache = _rows("v_cache", v_cache, pool_shape)
