@@ -219,7 +219,7 @@ def print_report(report: dict[str, Any]) -> None:
             f"{row['warm_s']:.3f} s",
             f"HF 64 tok {row['hf_suffix64_s']:.3f} s",
             f"{row['warm_vs_hf_suffix64']:.2f}x",
-            "<= 0.7",
+            "<= 0.7" if length == "1637" else "",  # the target is set over 1,637 tokens
         )
         table.add_row(
             f"warm / cold, {length}",
