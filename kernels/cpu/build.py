@@ -37,9 +37,10 @@ SOURCES = tuple(
     _HERE / name
     for name in (
         "paged_attention.c", "model_ops.c", "linear.c", "decoder_layer.c", "phase_profile.c",
+        "work_runs.c",
     )
 )  # fmt: skip
-HEADERS = (_HERE / "cpu_kernels.h", _HERE / "simd_math.h")
+HEADERS = (_HERE / "cpu_kernels.h", _HERE / "simd_math.h", _HERE / "work_runs.h")
 REQUIRED_CPU_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_bf16")
 COMPILE_FLAGS = (
     "-O3", "-fPIC", "-std=gnu11", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq",
@@ -201,6 +202,10 @@ def _declare(lib: ctypes.CDLL) -> None:
         ptr, ptr, ptr,  # k_cache, v_cache, slots (int64)
         i64, i64, i64, i64,  # tokens, num_kv_heads, head_dim, num_slots
     ]  # fmt: skip
+    lib.pc_work_runs_drain.restype = i64
+    lib.pc_work_runs_drain.argtypes = [i64, i32, i32, ptr]  # n, runs, tid, out int64[n]
+    lib.pc_work_runs_stress.restype = None
+    lib.pc_work_runs_stress.argtypes = [i64, i32, i32, ptr]  # n, runs, repeats, taken int32[n]
 
 
 def load_library() -> ctypes.CDLL | None:

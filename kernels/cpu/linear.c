@@ -12,7 +12,9 @@
  * are few strips, so the threads stream disjoint parts of the weight once, at memory speed; with
  * more rows, whole strips times ranges of rows, each strip read from L2 for every 6-row tile,
  * each thread a contiguous run of them: while the later tiles of a strip run from L2, the
- * strip that comes next is prefetched, so only a thread's first strip waits for memory.
+ * strip that comes next is prefetched, so only a thread's first strip waits for memory. A
+ * thread done with its run takes items from the back of the others' (work_runs.h), so a
+ * slower core does not hold the other one at the join.
  * pc_linear_prefetching's tiles, once nothing of their own is left to fetch, go on to bring
  * into L2 what the thread reads right after the GEMM: KV pool blocks (the attention's packing
  * of a cached prefix, which would otherwise wait for memory), then its first strip of the
@@ -28,6 +30,7 @@
 
 #include "cpu_kernels.h"
 #include "simd_math.h"
+#include "work_runs.h"
 
 #define STRIP 64  /* output columns per packed strip */
 #define TILE_M 6  /* rows per register tile */
@@ -268,17 +271,22 @@ void pc_linear_prefetching(const bf16 *x, int64_t x_stride, int64_t rows, int64_
     const row_split sp = split_rows(rows, strips, nt);
     const int64_t chunks = sp.chunks, tiles_per_chunk = sp.tiles_per_chunk;
     /* each thread a contiguous run of items (strip-major), so it knows the strip it reads
-     * next and brings it into L2 while its current strip's later tiles run from L2 */
-    const int64_t n_items = sp.items, strip_bytes = k_pairs * STRIP * 4;
+     * next and brings it into L2 while its current strip's later tiles run from L2; a thread
+     * done with its run takes items from the back of the others' (work_runs.h) */
+    const int64_t strip_bytes = k_pairs * STRIP * 4;
+    work_run runs[nt];
+    work_runs_init(runs, nt, sp.items);
 #pragma omp parallel num_threads(nt)
     {
-        const int64_t team = omp_get_num_threads(), tid = omp_get_thread_num();
-        const int64_t lo = n_items * tid / team, hi = n_items * (tid + 1) / team;
+        const int tid = omp_get_thread_num();
         int64_t fetched = -1; /* the strip the previous item prefetched whole */
-        prefetch_walk walk = start_walk(ahead, rows, tid, team);
-        for (int64_t item = lo; item < hi; item++) {
+        int64_t item, prev = -1;
+        int stolen;
+        prefetch_walk walk = start_walk(ahead, rows, tid, nt);
+        for (; (item = work_runs_next(runs, nt, tid, &stolen)) >= 0; prev = item) {
             const int64_t strip = item / chunks, chunk = item % chunks;
-            const int64_t next_strip = item + 1 < hi ? (item + 1) / chunks : strip;
+            const int64_t after = stolen ? -1 : work_run_peek(&runs[tid]);
+            const int64_t next_strip = after >= 0 ? after / chunks : strip;
             const char *next = (const char *)packed + next_strip * strip_bytes;
             const int64_t m_start = chunk * tiles_per_chunk * TILE_M;
             const int64_t m_end0 = (chunk + 1) * tiles_per_chunk * TILE_M;
@@ -287,7 +295,7 @@ void pc_linear_prefetching(const bf16 *x, int64_t x_stride, int64_t rows, int64_
             for (int64_t m0 = m_start; m0 < m_end; m0 += TILE_M) {
                 const int R = m_end - m0 < TILE_M ? (int)(m_end - m0) : TILE_M;
                 const int mode = tile_prefetch(
-                    m0 == m_start && (chunk == 0 || item == lo) && strip != fetched,
+                    m0 == m_start && (chunk == 0 || item != prev + 1) && strip != fetched,
                     next_strip != strip && halves < 2, &walk);
                 STRIP_TILES[R][mode](&p, m0, strip * STRIP, next + halves * (strip_bytes / 2),
                                      &walk);
@@ -327,15 +335,19 @@ void pc_linear_swiglu(const bf16 *x, int64_t x_stride, int64_t rows, int64_t k_p
                                  inter, k_pairs, gate, gate_stride};
     const int64_t pairs = inter / STRIP, strip_bytes = k_pairs * STRIP * 4;
     const row_split sp = split_rows(rows, pairs, nt);
+    work_run runs[nt];
+    work_runs_init(runs, nt, sp.items);
 #pragma omp parallel num_threads(nt)
     {
-        const int64_t team = omp_get_num_threads(), tid = omp_get_thread_num();
-        const int64_t lo = sp.items * tid / team, hi = sp.items * (tid + 1) / team;
+        const int tid = omp_get_thread_num();
         int64_t fetched = -1; /* the pair the previous item prefetched whole */
-        prefetch_walk walk = start_walk(ahead, rows, tid, team);
-        for (int64_t item = lo; item < hi; item++) {
+        int64_t item, prev = -1;
+        int stolen;
+        prefetch_walk walk = start_walk(ahead, rows, tid, nt);
+        for (; (item = work_runs_next(runs, nt, tid, &stolen)) >= 0; prev = item) {
             const int64_t pair = item / sp.chunks, chunk = item % sp.chunks;
-            const int64_t next_pair = item + 1 < hi ? (item + 1) / sp.chunks : pair;
+            const int64_t after = stolen ? -1 : work_run_peek(&runs[tid]);
+            const int64_t next_pair = after >= 0 ? after / sp.chunks : pair;
             /* the next pair's gate strip, then its up strip, a half per tile */
             const char *next_strips[2] = {(const char *)packed + next_pair * strip_bytes,
                                           (const char *)packed + (pairs + next_pair) * strip_bytes};
@@ -347,7 +359,7 @@ void pc_linear_swiglu(const bf16 *x, int64_t x_stride, int64_t rows, int64_t k_p
                 const int R = m_end - m0 < TILE_M ? (int)(m_end - m0) : TILE_M;
                 for (int half = 0; half < 2; half++) { /* the gate tile, then the up tile */
                     const int mode = tile_prefetch(
-                        m0 == m_start && (chunk == 0 || item == lo) && pair != fetched,
+                        m0 == m_start && (chunk == 0 || item != prev + 1) && pair != fetched,
                         next_pair != pair && quarters < 4, &walk);
                     const char *next =
                         next_strips[quarters / 2] + (quarters % 2) * (strip_bytes / 2);

@@ -38,6 +38,7 @@
 
 #include "cpu_kernels.h"
 #include "simd_math.h"
+#include "work_runs.h"
 
 #define KB 64        /* keys per online-softmax step */
 #define RB 6         /* query rows per register tile */
@@ -771,17 +772,21 @@ int pa_paged_attention(const bf16 *q, int64_t q_st, int64_t q_sh, const bf16 *k,
                        .bt_stride = bt_stride, .out = out, .H = num_heads, .KVH = num_kv_heads,
                        .G = G, .D = D, .bs = block_size, .c = scale * 1.4426950408889634f,
                        .seqs = seqs, .ws = ws};
+    work_run pack_runs[nt];
+    work_runs_init(pack_runs, nt, np);
     double clock = pc_phase_start();
 #pragma omp parallel num_threads(nt)
     {
-        const int64_t tid = omp_get_thread_num();
+        const int tid = omp_get_thread_num();
         scratch *sc = (scratch *)(ws + scratch_off + (int64_t)sizeof(scratch) * tid);
-        { /* packing: each thread a contiguous run of blocks, the next one prefetched */
-            const int64_t team = omp_get_num_threads();
-            const int64_t lo = np * tid / team, hi = np * (tid + 1) / team;
-            if (lo < hi) prefetch_pack(&p, &packs[lo], sc);
-            for (int64_t i = lo; i < hi; i++) {
-                if (i + 1 < hi) prefetch_pack(&p, &packs[i + 1], sc);
+        { /* packing: each thread a contiguous run of blocks, the next one prefetched, then
+           * blocks from the back of the others' runs (work_runs.h) */
+            int stolen;
+            for (int64_t i, prev = -1; (i = work_runs_next(pack_runs, nt, tid, &stolen)) >= 0;
+                 prev = i) {
+                if (i != prev + 1) prefetch_pack(&p, &packs[i], sc);
+                const int64_t after = stolen ? -1 : work_run_peek(&pack_runs[tid]);
+                if (after >= 0) prefetch_pack(&p, &packs[after], sc);
                 pack_block(&p, &packs[i], sc);
             }
         }
