@@ -55,8 +55,8 @@ static inline int64_t work_runs_next(work_run *run, int runs, int tid, int *stol
     return item;
 }
 
-/* The item thread `tid` takes from its own run next, or -1 (a hint for prefetching: another
- * thread may still take it first). */
+/* The item a run's owner takes next, or -1 when the run is empty: a hint for prefetching (a
+ * thread that steals may take it first). */
 static inline int64_t work_run_peek(const work_run *run) {
     const uint64_t span = __atomic_load_n(&run->span, __ATOMIC_RELAXED);
     const uint64_t front = span & 0xFFFFFFFFu, back = span >> 32;
