@@ -72,7 +72,6 @@ def main() -> None:
         f"{report['caller_over_engine_thread']:.2f}"
     )
     write_json(args.out, {"requests": samples, **report})
-    print(f"wrote {args.out}")
 
 
 if __name__ == "__main__":

@@ -304,7 +304,6 @@ def main() -> None:
         "quantized_pools": "per-channel scales [kv_heads, head_dim]; new tokens' k/v bf16",
     }
     write_json(args.out, {"meta": meta, "cases": results})
-    print(f"wrote {args.out}")
 
 
 if __name__ == "__main__":

@@ -149,7 +149,6 @@ def main() -> None:
         "hot": hot(repeats, QUICK_ROWS if args.quick else HOT_ROWS),
     }
     write_json(args.out, report)
-    print(f"wrote {args.out}")
 
 
 if __name__ == "__main__":

@@ -261,7 +261,6 @@ def main() -> None:
     report = run(args)
     print_report(report)
     write_json(args.out, report)
-    print(f"wrote {args.out}")
 
 
 if __name__ == "__main__":

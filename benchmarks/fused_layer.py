@@ -68,7 +68,6 @@ def main() -> None:
         f"{report['warm_ttft_s_fused_over_separate']:.2f}"
     )
     write_json(args.out, report)
-    print(f"wrote {args.out}")
 
 
 if __name__ == "__main__":

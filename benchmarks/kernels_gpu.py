@@ -183,7 +183,6 @@ def main(argv: list[str] | None = None) -> int:
         "prefill": bench_prefill(bench, args),
     }
     write_json(args.out, result)
-    print(f"wrote {args.out}")
     return 0
 
 

@@ -268,7 +268,6 @@ def main(argv: list[str] | None = None) -> int:
     print_table(result)
     result["config"]["out"] = str(args.out)
     write_json(args.out, result)
-    print(f"wrote {args.out}")
     return 0
 
 

@@ -290,7 +290,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     result = run(args)
     Console().print(render(result))
     write_json(args.out, result)
-    print(f"wrote {args.out}")
     return result
 
 

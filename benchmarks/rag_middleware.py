@@ -167,7 +167,6 @@ def main() -> None:
                  dtype=args.dtype, seed=args.seed)
     print_report(report)
     write_json(args.out, report)
-    print(f"wrote {args.out}")
 
 
 if __name__ == "__main__":

@@ -280,12 +280,10 @@ void pc_linear_prefetching(const bf16 *x, int64_t x_stride, int64_t rows, int64_
     {
         const int tid = omp_get_thread_num();
         int64_t fetched = -1; /* the strip the previous item prefetched whole */
-        int64_t item, prev = -1;
-        int stolen;
+        int64_t item, prev = -1, after;
         prefetch_walk walk = start_walk(ahead, rows, tid, nt);
-        for (; (item = work_runs_next(runs, nt, tid, &stolen)) >= 0; prev = item) {
+        for (; (item = work_runs_next(runs, nt, tid, &after)) >= 0; prev = item) {
             const int64_t strip = item / chunks, chunk = item % chunks;
-            const int64_t after = stolen ? -1 : work_run_peek(&runs[tid]);
             const int64_t next_strip = after >= 0 ? after / chunks : strip;
             const char *next = (const char *)packed + next_strip * strip_bytes;
             const int64_t m_start = chunk * tiles_per_chunk * TILE_M;
@@ -341,12 +339,10 @@ void pc_linear_swiglu(const bf16 *x, int64_t x_stride, int64_t rows, int64_t k_p
     {
         const int tid = omp_get_thread_num();
         int64_t fetched = -1; /* the pair the previous item prefetched whole */
-        int64_t item, prev = -1;
-        int stolen;
+        int64_t item, prev = -1, after;
         prefetch_walk walk = start_walk(ahead, rows, tid, nt);
-        for (; (item = work_runs_next(runs, nt, tid, &stolen)) >= 0; prev = item) {
+        for (; (item = work_runs_next(runs, nt, tid, &after)) >= 0; prev = item) {
             const int64_t pair = item / sp.chunks, chunk = item % sp.chunks;
-            const int64_t after = stolen ? -1 : work_run_peek(&runs[tid]);
             const int64_t next_pair = after >= 0 ? after / sp.chunks : pair;
             /* the next pair's gate strip, then its up strip, a half per tile */
             const char *next_strips[2] = {(const char *)packed + next_pair * strip_bytes,

@@ -781,11 +781,9 @@ int pa_paged_attention(const bf16 *q, int64_t q_st, int64_t q_sh, const bf16 *k,
         scratch *sc = (scratch *)(ws + scratch_off + (int64_t)sizeof(scratch) * tid);
         { /* packing: each thread a contiguous run of blocks, the next one prefetched, then
            * blocks from the back of the others' runs (work_runs.h) */
-            int stolen;
-            for (int64_t i, prev = -1; (i = work_runs_next(pack_runs, nt, tid, &stolen)) >= 0;
+            for (int64_t i, prev = -1, after; (i = work_runs_next(pack_runs, nt, tid, &after)) >= 0;
                  prev = i) {
                 if (i != prev + 1) prefetch_pack(&p, &packs[i], sc);
-                const int64_t after = stolen ? -1 : work_run_peek(&pack_runs[tid]);
                 if (after >= 0) prefetch_pack(&p, &packs[after], sc);
                 pack_block(&p, &packs[i], sc);
             }

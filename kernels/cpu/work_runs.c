@@ -13,9 +13,8 @@
 int64_t pc_work_runs_drain(int64_t n, int runs, int tid, int64_t *out) {
     work_run run[runs];
     work_runs_init(run, runs, n);
-    int64_t count = 0, item;
-    int stolen;
-    while ((item = work_runs_next(run, runs, tid, &stolen)) >= 0) out[count++] = item;
+    int64_t count = 0, item, after;
+    while ((item = work_runs_next(run, runs, tid, &after)) >= 0) out[count++] = item;
     return count;
 }
 
@@ -28,9 +27,8 @@ void pc_work_runs_stress(int64_t n, int runs, int repeats, int32_t *taken) {
 #pragma omp parallel num_threads(runs)
         {
             const int tid = omp_get_thread_num();
-            int64_t item;
-            int stolen;
-            while ((item = work_runs_next(run, runs, tid, &stolen)) >= 0)
+            int64_t item, after;
+            while ((item = work_runs_next(run, runs, tid, &after)) >= 0)
                 __atomic_fetch_add(&taken[item], 1, __ATOMIC_RELAXED);
         }
     }

@@ -43,24 +43,22 @@ static inline int64_t work_run_take(work_run *run, int from_back) {
     }
 }
 
-/* The next item for thread `tid` of `runs`: its own run's front, else the back of the next
- * non-empty run after it (*stolen = 1); -1 when every run is empty. */
-static inline int64_t work_runs_next(work_run *run, int runs, int tid, int *stolen) {
-    int64_t item = work_run_take(&run[tid], 0);
-    *stolen = 0;
-    for (int r = 1; item < 0 && r < runs; r++) {
-        item = work_run_take(&run[(tid + r) % runs], 1);
-        *stolen = 1;
-    }
-    return item;
-}
-
-/* The item a run's owner takes next, or -1 when the run is empty: a hint for prefetching (a
- * thread that steals may take it first). */
+/* The item a run's owner takes next, or -1 when the run is empty. */
 static inline int64_t work_run_peek(const work_run *run) {
     const uint64_t span = __atomic_load_n(&run->span, __ATOMIC_RELAXED);
     const uint64_t front = span & 0xFFFFFFFFu, back = span >> 32;
     return front < back ? (int64_t)front : -1;
+}
+
+/* The next item for thread `tid` of `runs`: its own run's front, else the back of the next
+ * non-empty run after it; -1 when every run is empty. *after is the item the thread takes
+ * after this one from its own run, or -1 (none, or this one was stolen): a hint for
+ * prefetching, as a thread that steals may take it first. */
+static inline int64_t work_runs_next(work_run *run, int runs, int tid, int64_t *after) {
+    int64_t item = work_run_take(&run[tid], 0);
+    *after = item >= 0 ? work_run_peek(&run[tid]) : -1;
+    for (int r = 1; item < 0 && r < runs; r++) item = work_run_take(&run[(tid + r) % runs], 1);
+    return item;
 }
 
 #endif
