@@ -133,9 +133,11 @@ def test_ctrl_c_reports_what_finished(
     assert outcome.interrupted
     assert len(outcome.runs) == 1  # the cache-on target never started
     run = outcome.runs[0]
-    assert run.interrupted and len(run.results) == 2
-    assert run.summary["completed"] == 2
-    assert run.engine_stats["in_use"] == 0  # the aborted third request freed its blocks
+    # The signal reaches the event loop a moment after the second request finished: the
+    # request in flight then may still finish first; the rest are never sent.
+    assert run.interrupted and 2 <= len(run.results) < len(outcome.requests)
+    assert run.summary["completed"] == len(run.results)
+    assert run.engine_stats["in_use"] == 0  # the aborted request freed its blocks
     assert "INTERRUPTED" in console.export_text()
     assert json.loads((tmp_path / "out" / "bench.json").read_text())["interrupted"]
 
