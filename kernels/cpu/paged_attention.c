@@ -20,6 +20,10 @@
  * Keys and values are packed once per (sequence, kv head) in a parallel pass when a sequence
  * has more than one row tile per kv head (prefill), otherwise per key block inside the work
  * item (decode), so each key is read from the pool once per use.
+ * Threads take the work items as contiguous runs, stealing from the back of the others' runs
+ * once their own is done (work_runs.h): a prefill's items in (sequence, kv head, rows) order,
+ * so a thread reads one kv head's packed K/V from its L2 for several items in a row, the
+ * others costliest first.
  *
  * Key j of a sequence is cache token j for j < ncache (found through the block table), else
  * new token (qs + j - ncache) of k/v. Query token t sees keys [0, lim0 + t).
@@ -63,6 +67,7 @@ typedef struct {
     int kb0, kb1;            /* key blocks [kb0, kb1) (split-K chunk), or 0, INT32_MAX */
     int64_t part;            /* split-K: float offset of this chunk's partials, else -1 */
     int64_t cost;
+    int packed; /* the sequence's K/V is prepacked */
 } work_item;
 
 /* Split-K bookkeeping of one (sequence, kv head, query rows) whose keys were chunked: the
@@ -598,10 +603,13 @@ static void merge_split(const problem *p, const split_merge *m, float *parts) {
     }
 }
 
-/* Costliest first (dynamic scheduling then balances the tail); ties in submission order. */
-static int by_cost_desc(const void *x, const void *y) {
+/* Item order: the items of prepacked sequences first, by (sequence, kv head, rows), so that a
+ * thread's run keeps one kv head's packed K/V in its L2 for several items; then the others,
+ * costliest first (stealing from the back of the runs then balances the tail). */
+static int by_order(const void *x, const void *y) {
     const work_item *a = x, *b = y;
-    if (a->cost != b->cost) return (a->cost < b->cost) - (a->cost > b->cost);
+    if (a->packed != b->packed) return b->packed - a->packed;
+    if (!a->packed && a->cost != b->cost) return (a->cost < b->cost) - (a->cost > b->cost);
     if (a->seq != b->seq) return (a->seq > b->seq) - (a->seq < b->seq);
     if (a->h0 != b->h0) return (a->h0 > b->h0) - (a->h0 < b->h0);
     return (a->r0 > b->r0) - (a->r0 < b->r0);
@@ -749,7 +757,7 @@ int pa_paged_attention(const bf16 *q, int64_t q_st, int64_t q_sh, const bf16 *k,
                 const int64_t keys = si->lim0 + (r0 + r1) / (2 * G) + KB;
                 if (si->chunks == 1) {
                     items[ni++] = (work_item){s, h, h + 1, r0, r1, 0, INT32_MAX, -1,
-                                              keys * (r1 - r0 + RB)};
+                                              keys * (r1 - r0 + RB), si->ws_off >= 0};
                     continue;
                 }
                 const int64_t stride = (int64_t)(r1 - r0) * (D + 2);
@@ -764,7 +772,7 @@ int pa_paged_attention(const bf16 *q, int64_t q_st, int64_t q_sh, const bf16 *k,
             }
         }
     }
-    qsort(items, (size_t)ni, sizeof(work_item), by_cost_desc);
+    qsort(items, (size_t)ni, sizeof(work_item), by_order);
     const problem p = {.q = q, .k = k, .v = v, .k_cache = k_cache, .v_cache = v_cache,
                        .k_scale = k_scale, .v_scale = v_scale, .kind = kv_type,
                        .esize = kv_type == KV_BF16 ? 2 : 1, .q_st = q_st, .q_sh = q_sh,
@@ -772,8 +780,9 @@ int pa_paged_attention(const bf16 *q, int64_t q_st, int64_t q_sh, const bf16 *k,
                        .bt_stride = bt_stride, .out = out, .H = num_heads, .KVH = num_kv_heads,
                        .G = G, .D = D, .bs = block_size, .c = scale * 1.4426950408889634f,
                        .seqs = seqs, .ws = ws};
-    work_run pack_runs[nt];
+    work_run pack_runs[nt], item_runs[nt];
     work_runs_init(pack_runs, nt, np);
+    work_runs_init(item_runs, nt, ni);
     double clock = pc_phase_start();
 #pragma omp parallel num_threads(nt)
     {
@@ -791,8 +800,7 @@ int pa_paged_attention(const bf16 *q, int64_t q_st, int64_t q_sh, const bf16 *k,
 #pragma omp barrier
 #pragma omp master
         if (np) pc_phase_end(PC_PHASE_ATTENTION_PACKING, &clock);
-#pragma omp for schedule(dynamic, 1)
-        for (int64_t i = 0; i < ni; i++) {
+        for (int64_t i, after; (i = work_runs_next(item_runs, nt, tid, &after)) >= 0;) {
             const work_item *it = &items[i];
             for (int h = it->h0; h < it->h1; h++) {
                 for (int rb = it->r0; rb < it->r1; rb += RB) {
@@ -804,6 +812,7 @@ int pa_paged_attention(const bf16 *q, int64_t q_st, int64_t q_sh, const bf16 *k,
                 }
             }
         }
+#pragma omp barrier
 #pragma omp for schedule(dynamic, 1)
         for (int64_t i = 0; i < nm; i++) merge_split(&p, &merges[i], parts);
     }
