@@ -187,7 +187,8 @@ def _declare(lib: ctypes.CDLL) -> None:
         ptr, i64, ptr, ptr, i64, i32,  # packed weight, n_out, bias, out, row stride, threads
     ]  # fmt: skip
     lib.pc_decoder_layers.restype = i32
-    lib.pc_decoder_layers.argtypes = [ptr, i64, ptr]  # layer_args[n] (decoder_layer.py), n, *failed
+    # layer_args[n] (decoder_layer.py), n, the step's layer_args, *failed
+    lib.pc_decoder_layers.argtypes = [ptr, i64, ptr, ptr]
     lib.pc_profile_enable.restype = None
     lib.pc_profile_enable.argtypes = [i32]
     lib.pc_profile_read.restype = None

@@ -14,6 +14,7 @@
  * pool blocks of the prefills' cached prefixes (which the attention then reads), every GEMM
  * the first strip of the next one, the down projection the next layer's QKV.
  */
+#include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -215,17 +216,34 @@ static int decoder_layer(const layer_args *a, const layer_args *next, const int3
     return 0;
 }
 
-/* Runs layers args[0 .. n) in order (each args[i] complete, its delta the previous layer's
- * out, all of one step); returns 0, or the first failing layer's code (see decoder_layer)
- * with *failed set to its index. */
-int pc_decoder_layers(const layer_args *args, int64_t n, int64_t *failed) {
+/* Runs layers layers[0 .. n) of one step in order: layers[i] holds layer i's weights, shapes
+ * and pools; `step` the fields every layer shares (tokens, threads, delta, residual, out,
+ * cos_sin, scale, num_out, and the tail from slots on). Layer 0 reads step->delta over
+ * step->residual (NULL: delta becomes the stream); every later one reads the previous out,
+ * over the stream; only the last one takes step->num_out (the others -1). Returns 0, or the
+ * first failing layer's code (see decoder_layer) with *failed set to its index. */
+int pc_decoder_layers(const layer_args *layers, int64_t n, const layer_args *step,
+                      int64_t *failed) {
     if (n <= 0) return 0;
-    int64_t count;
-    int32_t *owned; /* the step, so the blocks, are the same for every layer */
-    const int32_t *blocks = context_blocks(&args[0], &count, &owned);
+    const size_t tail = offsetof(layer_args, slots);
+    bf16 *stream = step->residual ? step->residual : step->delta;
+    int64_t count = 0;
+    int32_t *owned = NULL;
+    const int32_t *blocks = NULL; /* the step, so the blocks, are the same for every layer */
     int err = 0;
     for (int64_t i = 0; i < n && !err; i++) {
-        err = decoder_layer(&args[i], i + 1 < n ? &args[i + 1] : NULL, blocks, count);
+        layer_args a = layers[i];
+        memcpy((char *)&a + tail, (const char *)step + tail, sizeof(layer_args) - tail);
+        a.tokens = step->tokens;
+        a.threads = step->threads;
+        a.cos_sin = step->cos_sin;
+        a.scale = step->scale;
+        a.out = step->out;
+        a.delta = i == 0 ? step->delta : step->out;
+        a.residual = i == 0 ? step->residual : stream;
+        a.num_out = i + 1 == n ? step->num_out : -1;
+        if (i == 0) blocks = context_blocks(&a, &count, &owned);
+        err = decoder_layer(&a, i + 1 < n ? &layers[i + 1] : NULL, blocks, count);
         if (err) *failed = i;
     }
     free(owned);

@@ -8,7 +8,10 @@ the separate compiled ops bit for bit.
 
 ``PagedStep`` carries one step's attention inputs (checked once, shared by every layer),
 ``LayerWeights`` one layer's weights (the projections packed by ``pack_linear_weight``);
-``fused_layer_supported`` says whether a layer of those shapes can run here. The intermediate
+``fused_layer_supported`` says whether a layer of those shapes can run here. The per-layer
+arguments (weights, pools) are built and checked once and reused while the layers and pools
+stay the same objects; a call fills only the fields the layers share, which C copies into each
+layer's (a Python loop over the layers cost ~0.3 ms a step). The intermediate
 activations live in a per-thread scratch buffer, grown to the largest step and reused;
 ``release_layer_scratch()`` frees the calling thread's.
 """
@@ -17,6 +20,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -55,7 +59,7 @@ class PagedStep:
     @functools.cached_property
     def _args(self) -> _LayerArgs:
         """A ``layer_args`` holding the step's fields (its tail from ``slots`` on, and
-        ``scale``), checked once; every layer copies them (`_copy_step_fields`)."""
+        ``scale``), checked once; each call copies it and adds its own (`decoder_layers_cpu`)."""
         if self.slot_mapping.dtype is not torch.int64 or self.slot_mapping.dim() != 1:
             raise ValueError("slot_mapping must be int64 [num_tokens]")
         if self.sample_rows.dtype is not torch.int64 or self.sample_rows.dim() != 1:
@@ -144,16 +148,58 @@ class _LayerArgs(ctypes.Structure):
     ]  # fmt: skip
 
 
-_STEP_TAIL = _LayerArgs.slots.offset  # the step's fields from here to the end, and `scale`
+class _PreparedLayers:
+    """The per-layer ``layer_args`` of a run (weights, shapes, pools), the same from step to
+    step: built and checked once, then reused while the layers and pools are the same objects
+    at the same addresses. Holds weak references only, so it never keeps a model alive."""
+
+    def __init__(
+        self,
+        layers: Sequence[LayerWeights],
+        k_caches: Sequence[torch.Tensor],
+        v_caches: Sequence[torch.Tensor],
+    ) -> None:
+        self.args = (_LayerArgs * len(layers))()
+        for i, (weights, k_cache, v_cache) in enumerate(
+            zip(layers, k_caches, v_caches, strict=True)
+        ):
+            layer = self.args[i]
+            ctypes.pointer(layer)[0] = weights._args
+            pool_shape = (k_cache.shape[0], k_cache.shape[1], weights.kv_heads, weights.head_dim)
+            layer.k_cache = _rows("k_cache", k_cache, pool_shape)
+            layer.v_cache = _rows("v_cache", v_cache, pool_shape)
+            layer.block_size, layer.num_blocks = pool_shape[1], pool_shape[0]
+        self._refs = [weakref.ref(x) for x in (*layers, *k_caches, *v_caches)]
+        self._pools = [pool.data_ptr() for pool in (*k_caches, *v_caches)]
+
+    def fits(
+        self,
+        layers: Sequence[LayerWeights],
+        k_caches: Sequence[torch.Tensor],
+        v_caches: Sequence[torch.Tensor],
+    ) -> bool:
+        objects = (*layers, *k_caches, *v_caches)
+        return (
+            len(objects) == len(self._refs)
+            and all(ref() is obj for ref, obj in zip(self._refs, objects, strict=True))
+            and [pool.data_ptr() for pool in (*k_caches, *v_caches)] == self._pools
+        )
 
 
-def _copy_step_fields(layer: _LayerArgs, step: _LayerArgs) -> None:
-    ctypes.memmove(
-        ctypes.addressof(layer) + _STEP_TAIL,
-        ctypes.addressof(step) + _STEP_TAIL,
-        ctypes.sizeof(_LayerArgs) - _STEP_TAIL,
-    )
-    layer.scale = step.scale
+_last_prepared: _PreparedLayers | None = None  # the most recent run's
+
+
+def _prepared_layers(
+    layers: Sequence[LayerWeights],
+    k_caches: Sequence[torch.Tensor],
+    v_caches: Sequence[torch.Tensor],
+) -> _PreparedLayers:
+    global _last_prepared
+    prepared = _last_prepared
+    if prepared is None or not prepared.fits(layers, k_caches, v_caches):
+        prepared = _PreparedLayers(layers, k_caches, v_caches)
+        _last_prepared = prepared
+    return prepared
 
 
 def fused_layer_supported(hidden: int, heads: int, kv_heads: int, head_dim: int,
@@ -213,25 +259,12 @@ def decoder_layers_cpu(
     cos_sin_ptr = _rows("cos_sin", cos_sin, (tokens, 2, layers[0].head_dim))
     if step.slot_mapping.shape[0] != tokens:
         raise ValueError("slot_mapping must be int64 [num_tokens]")
+    prepared = _prepared_layers(layers, k_caches, v_caches)
     out = torch.empty((tokens, hidden), dtype=torch.bfloat16)
-    threads = torch.get_num_threads()
-    args = (_LayerArgs * count)()
-    for i, (weights, k_cache, v_cache) in enumerate(zip(layers, k_caches, v_caches, strict=True)):
-        layer = args[i]
-        ctypes.pointer(layer)[0] = weights._args
-        _copy_step_fields(layer, step._args)
-        pool_shape = (k_cache.shape[0], k_cache.shape[1], weights.kv_heads, weights.head_dim)
-        layer.k_cache = _rows("k_cache", k_cache, pool_shape)
-        layer.v_cache = _rows("v_cache", v_cache, pool_shape)
-        layer.block_size, layer.num_blocks = pool_shape[1], pool_shape[0]
-        layer.tokens, layer.threads, layer.cos_sin = tokens, threads, cos_sin_ptr
-        # the first layer reads delta (and makes it the stream when there is none); every
-        # later one reads the previous output and overwrites it with its own
-        layer.delta = delta_ptr if i == 0 else out.data_ptr()
-        layer.residual = stream if i > 0 or stream is not None else None
-        layer.out = out.data_ptr()
-        if i == 0 and stream is None:
-            stream = delta_ptr
+    call = _LayerArgs()  # the fields every layer shares (pc_decoder_layers)
+    ctypes.pointer(call)[0] = step._args
+    call.tokens, call.threads, call.cos_sin = tokens, torch.get_num_threads(), cos_sin_ptr
+    call.delta, call.residual, call.out = delta_ptr, stream, out.data_ptr()
     sampled = step.sample_rows.shape[0]
     if sampled_rows_only:
         rows = step.sample_rows
@@ -239,12 +272,12 @@ def decoder_layers_cpu(
             int(rows[0]) < 0 or int(rows[-1]) >= tokens or bool((rows[1:] <= rows[:-1]).any())
         ):
             raise ValueError(f"sample_rows must be ascending rows of the {tokens} tokens")
-        args[count - 1].num_out = sampled
+        call.num_out = sampled
     lib = load_library()
     if lib is None:
         raise RuntimeError("the compiled CPU kernels are unavailable on this machine")
     failed = ctypes.c_int64(-1)
-    status = lib.pc_decoder_layers(args, count, ctypes.byref(failed))
+    status = lib.pc_decoder_layers(prepared.args, count, ctypes.byref(call), ctypes.byref(failed))
     if status:
         message = _ERRORS.get(status, f"the fused decoder layer failed ({status})")
         raise ValueError(f"{message} (layer {failed.value} of the run)")

@@ -120,6 +120,35 @@ def test_a_projection_swapped_after_a_forward_reaches_the_fused_layers(
     assert fused == separate != before
 
 
+def test_two_engines_taking_turns_each_run_on_their_own_pools(
+    tiny_llama_hd64_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The fused run reuses its per-layer arguments while the layers and pools are the same
+    objects; two engines taking turns (their prompts hitting what each cached) must each read
+    and write their own pools."""
+    greedy = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
+
+    def engines() -> tuple[LLM, LLM]:
+        return (
+            LLM(str(tiny_llama_hd64_dir), dtype="bfloat16", num_blocks=64, block_size=4),
+            LLM(str(tiny_llama_hd64_dir), dtype="bfloat16", num_blocks=40, block_size=8),
+        )
+
+    expected = []
+    for llm in engines():  # each alone, one after the other
+        expected.append([llm.generate([p], greedy)[0].token_ids for p in PROMPTS])
+    calls = record_calls(monkeypatch, cpu_kernels(), ["decoder_layers_cpu"])
+    pair = engines()
+    taking_turns: list[list[list[int]]] = [[], []]
+    for prompt in PROMPTS:
+        for index, llm in enumerate(pair):
+            taking_turns[index].append(llm.generate([prompt], greedy)[0].token_ids)
+    assert calls and taking_turns == expected
+    for llm in pair:
+        llm.cache.check_invariants()
+        assert llm.stats()["in_use"] == 0 and llm.stats()["hit_tokens"] > 0
+
+
 def test_phase_profile_times_the_fused_layers_only_inside_its_block(
     tiny_llama_hd64_dir: Path,
 ) -> None:
