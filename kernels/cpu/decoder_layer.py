@@ -170,7 +170,7 @@ class _PreparedLayers:
             layer.v_cache = _rows("v_cache", v_cache, pool_shape)
             layer.block_size, layer.num_blocks = pool_shape[1], pool_shape[0]
         self._refs = [weakref.ref(x) for x in (*layers, *k_caches, *v_caches)]
-        self._pools = [pool.data_ptr() for pool in (*k_caches, *v_caches)]
+        self._pools = list(map(torch.Tensor.data_ptr, (*k_caches, *v_caches)))
 
     def fits(
         self,
@@ -182,7 +182,7 @@ class _PreparedLayers:
         return (
             len(objects) == len(self._refs)
             and all(ref() is obj for ref, obj in zip(self._refs, objects, strict=True))
-            and [pool.data_ptr() for pool in (*k_caches, *v_caches)] == self._pools
+            and list(map(torch.Tensor.data_ptr, (*k_caches, *v_caches))) == self._pools
         )
 
 
