@@ -52,15 +52,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     llm = LLM(model="smollm2", dtype="bfloat16")
     model = llm.engine.runner.model
     head_seconds: list[float] = []
-    compute_logits = model.compute_logits
+    greedy_tokens = model.greedy_tokens  # the head of a greedy step (FIRST_TOKEN is greedy)
 
-    def timed_logits(hidden: torch.Tensor) -> torch.Tensor:
+    def timed_head(hidden: torch.Tensor) -> torch.Tensor:
         start = time.perf_counter()
-        logits = compute_logits(hidden)
+        tokens = greedy_tokens(hidden)
         head_seconds.append(time.perf_counter() - start)
-        return logits
+        return tokens
 
-    model.compute_logits = timed_logits
+    model.greedy_tokens = timed_head
     prefix = text_tokens(llm, args.prefix, 1)
     llm.warm(prefix)
     suffixes = [text_tokens(llm, args.suffix, 100 + i) for i in range(args.requests + 3)]

@@ -112,18 +112,23 @@ class EngineCore:
         if out.is_empty:
             self._fail_unschedulable(touched)
         else:
-            logits = self.runner.execute(out)  # [num_sampled, vocab]
-            self.scheduler.commit_step(out)
-            now = time.perf_counter()
             sampled = [seq.request for seq in out.sequences if seq.samples]
             groups = [self._by_request[request] for request in sampled]
-            # One argmax over the batch instead of one per greedy row: [num_sampled] token ids.
-            if any(group.params.greedy for group in groups):
-                greedy = logits.argmax(dim=-1).tolist()
+            logits: torch.Tensor | None = None  # [num_sampled, vocab], when a row samples
+            if all(group.params.greedy for group in groups):
+                greedy = self.runner.execute_greedy(out)  # [num_sampled] token ids
             else:
-                greedy = [-1] * len(groups)  # unused: every row samples
+                logits = self.runner.execute(out)
+                # One argmax over the batch instead of one per greedy row.
+                if any(group.params.greedy for group in groups):
+                    greedy = logits.argmax(dim=-1).tolist()
+                else:
+                    greedy = [-1] * len(groups)  # unused: every row samples
+            self.scheduler.commit_step(out)
+            now = time.perf_counter()
             for row, (request, group) in enumerate(zip(sampled, groups, strict=True)):
-                self._advance(group, request, logits[row], greedy[row], now)
+                row_logits = None if logits is None else logits[row]
+                self._advance(group, request, row_logits, greedy[row], now)
                 touched[group.request_id] = group
         return [self._snapshot(group) for group in touched.values()]
 
@@ -131,8 +136,8 @@ class EngineCore:
         self,
         group: _RequestGroup,
         request: Request,
-        logits: torch.Tensor,  # [vocab] float32
-        greedy_token: int,  # argmax of ``logits``
+        logits: torch.Tensor | None,  # [vocab] float32; None on an all-greedy step
+        greedy_token: int,  # the row's argmax token (greedy requests only)
         now: float,
     ) -> None:
         sample = next(s for s in group.samples if s.request is request)
@@ -143,6 +148,7 @@ class EngineCore:
             if group.params.greedy:
                 token = greedy_token
             else:
+                assert logits is not None  # a sampling row makes the step hand logits out
                 token = sample_token(logits, group.params, current.generator)
             self._append(current, token, now)
 

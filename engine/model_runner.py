@@ -151,11 +151,20 @@ class ModelRunner:
     @torch.inference_mode()
     def execute(self, out: SchedulerOutput) -> torch.Tensor:  # [num_sampled, vocab] float32
         """Logits (on the CPU, for the sampler) of the rows that sample this step."""
+        return self.model.compute_logits(self._sampled_hidden(out)).cpu()
+
+    @torch.inference_mode()
+    def execute_greedy(self, out: SchedulerOutput) -> list[int]:  # [num_sampled] token ids
+        """The step of ``execute`` for a batch whose every sampled row is greedy: each row's
+        argmax token (the lowest id among equal maxima), without handing logits out, so the
+        model may skip most of the output head (``CausalLM.greedy_tokens``)."""
+        return self.model.greedy_tokens(self._sampled_hidden(out)).tolist()
+
+    def _sampled_hidden(self, out: SchedulerOutput) -> torch.Tensor:  # [num_sampled, hidden]
         for wave in copy_waves(out.copy_ops):
             pairs = torch.tensor(wave, dtype=torch.int64, device=self.device)  # [n, 2]
             self.copy_blocks(pairs)
         meta = build_attention_metadata(out, self.kv.block_size).to(self.device)
         attention = PagedAttention(self.kv, meta, self.scale)
-        # Only the sampled rows leave the last layer: [num_sampled, hidden].
-        hidden = self.model(meta.input_ids, meta.positions, attention, meta.sample_rows)
-        return self.model.compute_logits(hidden).cpu()
+        # Only the sampled rows leave the last layer.
+        return self.model(meta.input_ids, meta.positions, attention, meta.sample_rows)

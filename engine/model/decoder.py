@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -12,6 +14,7 @@ from prefixcache.kernels.dispatch import cpu_kernels
 from ..model_config import ModelConfig
 from .attention_fn import AttentionFn
 from .attention_projection import AttentionProjection
+from .greedy_head import build_greedy_screen, screened_greedy_tokens
 from .mlp import SwiGLUMLP
 from .norms import RMSNorm
 from .packed_linear import (
@@ -22,6 +25,9 @@ from .packed_linear import (
 )
 from .rope import RotaryEmbedding
 from .structure_generation import structure_generation
+
+if TYPE_CHECKING:
+    from prefixcache.kernels.cpu.greedy_screen import GreedyScreen
 
 # The RoPE table starts this large and grows on CPU when positions go beyond it.
 _INITIAL_ROPE_POSITIONS = 16384
@@ -132,6 +138,9 @@ class CausalLM(nn.Module):
         # (structure_generation, [(attention layer index, LayerWeights)] or None): see
         # `_fused_layers`
         self._fused_plan: tuple[int, list[tuple[int, LayerWeights]] | None] | None = None
+        # (the packed head, its int8 screening copy) for `greedy_tokens`, see `pack_weights`
+        self._greedy_screen: tuple[PackedLinear, GreedyScreen] | None = None
+        self.use_greedy_screen = True  # False: `greedy_tokens` always runs the full head
 
     @property
     def dtype(self) -> torch.dtype:
@@ -214,13 +223,32 @@ class CausalLM(nn.Module):
             return F.linear(hidden, self.embed_tokens.weight).float()
         return self.lm_head(hidden).float()
 
+    @torch.inference_mode()
+    def greedy_tokens(self, hidden: Tensor) -> Tensor:
+        """`hidden` `[n, hidden]` -> `[n]` int64 on the CPU: each row's argmax of
+        `compute_logits(hidden)` (the lowest id among equal maxima). On CPU with a packed bf16
+        head, a few rows go through the head's int8 screening copy (`greedy_head`), reading
+        half its bytes; the token is the same. `use_greedy_screen = False` turns that off."""
+        if self._greedy_screen is not None and self.use_greedy_screen and hidden.is_cpu:
+            head, screen = self._greedy_screen
+            if self.lm_head is head:  # not replaced since it was screened
+                tokens = screened_greedy_tokens(hidden, head, screen)
+                if tokens is not None:
+                    return tokens
+        return self.compute_logits(hidden).argmax(dim=-1).cpu()
+
     def pack_weights(self) -> int:
         """On CPU, pre-pack every projection and the output head (when tied, a packed copy of
         the embedding) for a GEMM kernel (see `packed_linear`): faster GEMMs, the same results
-        up to the last bf16 bit. Returns how many were packed."""
+        up to the last bf16 bit; and, for `greedy_tokens`, the head's int8 screening copy where
+        the CPU runs it. Returns how many were packed."""
         if self.device.type != "cpu" or not weight_packing_available():
             return 0
         tied = self.lm_head is None and self.dtype in PACKABLE_DTYPES
         if tied:
             self.lm_head = PackedLinear(self.embed_tokens.weight, None)
-        return int(tied) + pack_linear_layers(self)
+        packed = int(tied) + pack_linear_layers(self)
+        if isinstance(self.lm_head, PackedLinear):
+            screen = build_greedy_screen(self.lm_head)
+            self._greedy_screen = None if screen is None else (self.lm_head, screen)
+        return packed

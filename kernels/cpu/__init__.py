@@ -2,7 +2,8 @@
 first use (see ``build``) and called through ctypes. Paged attention (``paged_attention``) and
 the decoder's elementwise ops on bf16 (``model_ops``: RMSNorm with the residual add, RoPE,
 SiLU-and-mul, KV writes into a bf16 pool), its bf16 projections (``linear``: a GEMM over a
-weight packed once), and all of them chained into decoder layers, a run of layers per call
+weight packed once; ``greedy_screen``: greedy decoding's argmax from an int8 copy of the output
+head), and all of them chained into decoder layers, a run of layers per call
 (``decoder_layer``), whose time per phase ``phase_profile`` measures.
 
 ``cpu_attention_available()`` says whether they can run here (x86-64 Linux, AVX-512 F/BW/VL
@@ -20,6 +21,11 @@ from prefixcache.kernels.cpu.decoder_layer import (
     PagedStep,
     decoder_layers_cpu,
     fused_layer_supported,
+)
+from prefixcache.kernels.cpu.greedy_screen import (
+    GreedyScreen,
+    greedy_screen_available,
+    screened_argmax,
 )
 from prefixcache.kernels.cpu.linear import cpu_linear_supports, linear_cpu
 from prefixcache.kernels.cpu.model_ops import (
@@ -43,6 +49,7 @@ from prefixcache.kernels.cpu.phase_profile import PHASES, phase_profile
 __all__ = [
     "PHASES",
     "BlockCopier",
+    "GreedyScreen",
     "LayerWeights",
     "PagedStep",
     "add_rms_norm_cpu_",
@@ -54,11 +61,13 @@ __all__ = [
     "cpu_model_ops_support",
     "decoder_layers_cpu",
     "fused_layer_supported",
+    "greedy_screen_available",
     "linear_cpu",
     "paged_decode_attention_cpu",
     "paged_prefill_attention_cpu",
     "phase_profile",
     "rms_norm_cpu",
+    "screened_argmax",
     "silu_and_mul_cpu",
     "store_kv_cpu",
 ]

@@ -37,7 +37,7 @@ SOURCES = tuple(
     _HERE / name
     for name in (
         "paged_attention.c", "model_ops.c", "linear.c", "decoder_layer.c", "phase_profile.c",
-        "work_runs.c",
+        "work_runs.c", "greedy_screen.c",
     )
 )  # fmt: skip
 HEADERS = (_HERE / "cpu_kernels.h", _HERE / "simd_math.h", _HERE / "work_runs.h")
@@ -205,6 +205,13 @@ def _declare(lib: ctypes.CDLL) -> None:
     ]  # fmt: skip
     lib.pc_work_runs_drain.restype = i64
     lib.pc_work_runs_drain.argtypes = [i64, i32, i32, ptr]  # n, runs, tid, out int64[n]
+    lib.pc_screen_pack.restype = i32
+    lib.pc_screen_pack.argtypes = [ptr, i64, i64, ptr, ptr, i32]  # w, n, k, q, meta, threads
+    lib.pc_greedy_head.restype = i32
+    lib.pc_greedy_head.argtypes = [
+        ptr, i64, i64, ptr, ptr, ptr,  # x, x_stride, rows, q, meta, packed
+        i64, i64, i64, ptr, i32,  # n, k, max_exact_strips, tokens (int64), threads
+    ]  # fmt: skip
     lib.pc_work_runs_stress.restype = None
     lib.pc_work_runs_stress.argtypes = [i64, i32, i32, ptr]  # n, runs, repeats, taken int32[n]
 

@@ -29,6 +29,9 @@ int pc_copy_blocks(char *const *pools, int64_t num_pools, int64_t block_bytes,
 void pc_linear(const bf16 *x, int64_t x_stride, int64_t rows, int64_t k_pairs,
                const bf16 *packed, int64_t n_out, const bf16 *bias, bf16 *out,
                int64_t out_stride, int num_threads);
+void pc_linear_strip(const bf16 *x, int64_t x_stride, int64_t rows, int64_t k_pairs,
+                     const bf16 *packed, int64_t n_out, int64_t strip, bf16 *out,
+                     int64_t out_stride);
 /* What a GEMM of many rows brings into L2 for what runs after it (pc_linear_prefetching). */
 typedef struct {
     const char *k_pool, *v_pool;     /* a KV pool's bases */
@@ -44,6 +47,12 @@ void pc_linear_swiglu(const bf16 *x, int64_t x_stride, int64_t rows, int64_t k_p
                       const bf16 *packed, int64_t inter, bf16 *gate, int64_t gate_stride,
                       bf16 *act, int64_t act_stride, int num_threads,
                       const gemm_prefetch *ahead);
+/* greedy_screen.c (avx512vnni, checked by the caller) */
+int pc_screen_pack(const bf16 *w, int64_t n, int64_t k, int8_t *q, float *meta,
+                   int num_threads);
+int pc_greedy_head(const bf16 *x, int64_t x_stride, int64_t rows, const int8_t *q,
+                   const float *meta, const bf16 *packed, int64_t n, int64_t k,
+                   int64_t max_exact_strips, int64_t *tokens, int num_threads);
 /* phase_profile.c: the fused layers' phases (phase_profile.py mirrors this list) */
 enum {
     PC_PHASE_NORMS,            /* both RMSNorms with their residual adds */

@@ -237,6 +237,24 @@ static prefetch_walk start_walk(const gemm_prefetch *ahead, int64_t rows, int64_
 }
 
 /*
+ * pc_linear's outputs of one strip, without bias, on the calling thread: out[m][c] =
+ * bf16(sum_k x[m][k] w[64 strip + c][k]) for m < rows and the strip's columns c below n_out
+ * (out_stride elements apart; columns past n_out are not written). The same sums, in the same
+ * order, as pc_linear: the greedy screen (greedy_screen.c) recomputes a few strips exactly.
+ */
+void pc_linear_strip(const bf16 *x, int64_t x_stride, int64_t rows, int64_t k_pairs,
+                     const bf16 *packed, int64_t n_out, int64_t strip, bf16 *out,
+                     int64_t out_stride) {
+    const linear_problem p = {x, x_stride,
+                              (const uint32_t *)packed + strip * k_pairs * STRIP,
+                              NULL, out, out_stride, n_out - strip * STRIP, k_pairs, NULL, 0};
+    for (int64_t m0 = 0; m0 < rows; m0 += TILE_M) {
+        const int R = rows - m0 < TILE_M ? (int)(rows - m0) : TILE_M;
+        STRIP_TILES[R][PF_NONE](&p, m0, 0, NULL, NULL);
+    }
+}
+
+/*
  * out[m][n] = bf16(sum_k x[m][k] w[n][k] + bias[n]) for m < rows, n < n_out, with w packed by
  * the layout above (k_pairs = K / 2; K even). bias may be NULL. Strides in elements.
  */

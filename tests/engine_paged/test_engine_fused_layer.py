@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 from kernel_calls import record_calls
+from step_logits import record_step_logits
 
 from prefixcache.engine.llm import LLM
 from prefixcache.engine.model.packed_linear import PackedLinear
@@ -36,9 +37,7 @@ def step_logits(folder: Path, monkeypatch: pytest.MonkeyPatch, fused: bool) -> l
         monkeypatch.setattr(PagedAttention, "paged_step", lambda self, layer_idx: None)
     llm = LLM(str(folder), dtype="bfloat16", num_blocks=96, block_size=4,
               max_num_batched_tokens=24)  # fmt: skip
-    recorded: list[torch.Tensor] = []
-    execute = llm.engine.runner.execute
-    llm.engine.runner.execute = lambda out: recorded.append(execute(out)) or recorded[-1]
+    recorded = record_step_logits(llm)
     for prompt in PROMPTS:
         llm.generate([prompt], SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True))
     llm.generate(PROMPTS, SamplingParams(n=2, max_tokens=6, temperature=0.8, seed=3,

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 from kernel_calls import record_cpu_kernel_calls
+from step_logits import record_step_logits
 from tiny_model_factory import HEAD_DIM_64, make_tiny_model_dir
 
 from prefixcache.engine.llm import LLM
@@ -99,9 +100,7 @@ def test_compiled_cpu_kernel_reads_quantized_pools_like_the_reference(
     first_token = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
 
     def prompt_logits(llm: LLM) -> list[torch.Tensor]:  # each [1, vocab]
-        recorded: list[torch.Tensor] = []
-        execute = llm.engine.runner.execute
-        llm.engine.runner.execute = lambda out: recorded.append(execute(out)) or recorded[-1]
+        recorded = record_step_logits(llm)
         generate_each(llm, PROMPTS, first_token)
         assert llm.stats()["hit_tokens"] >= 3 * 32  # later prompts read quantized blocks
         return recorded
