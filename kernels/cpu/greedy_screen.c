@@ -33,7 +33,7 @@
 
 #define STRIP 64        /* output columns per strip, as pc_linear's packing */
 #define GROUP_ROWS 2    /* rows screened together: 8 accumulators each, 16 of 32 registers */
-#define SCREEN_ROWS_MAX 8
+#define SCREEN_ROWS_MAX 4 /* beyond, the screen costs about what the full head does */
 #define SLACK (1.0f + 0x1p-18f) /* float32 rounding of the bound's own terms, covered */
 
 #define VNNI __attribute__((target("avx512vnni")))
@@ -299,8 +299,9 @@ static __thread int64_t tls_marks_bytes = 0;
  * n x k head held both packed (pc_linear's layout) and as its screening copy (q, meta). The
  * screen rules columns out; the strips of 64 columns it leaves are computed exactly by
  * pc_linear_strip. Returns the number of strips computed exactly (>= 1), or: -1, a row holds
- * inf or NaN (or a logit is NaN); -2, rows outside [1, 8] or k not even in [2, 65536]; -3, out
- * of memory; -4, the screen left more than max_exact_strips strips (tokens not written).
+ * inf or NaN (or a logit is NaN); -2, rows outside [1, SCREEN_ROWS_MAX] or k not even in
+ * [2, 65536]; -3, out of memory; -4, the screen left more than max_exact_strips strips (tokens
+ * not written).
  */
 int pc_greedy_head(const bf16 *x, int64_t x_stride, int64_t rows, const int8_t *q,
                    const float *meta, const bf16 *packed, int64_t n, int64_t k,

@@ -20,7 +20,7 @@ import torch
 from prefixcache.kernels.cpu.build import cpu_flags, load_library
 from prefixcache.kernels.reference.linear import STRIP
 
-SCREEN_ROWS_MAX = 8  # rows one screen takes (beyond, the head is no longer bound by memory)
+SCREEN_ROWS_MAX = 4  # rows one screen takes (beyond, it costs about what the full head does)
 # Past this share of the strips left to compute exactly (one thread, each strip read from
 # memory), the full head (both threads streaming it) is about as fast.
 MAX_EXACT_SHARE = 0.25
@@ -83,22 +83,35 @@ def screened_argmax(
     among equal maxima), or None when the screen does not pay: more than ``SCREEN_ROWS_MAX``
     rows, a row holding inf or NaN, or more than ``max_exact_strips`` strips of 64 columns
     left to compute exactly (default: ``MAX_EXACT_SHARE`` of the head's)."""
+    strips = screen.q.shape[0]
+    if max_exact_strips is None:
+        max_exact_strips = max(1, int(strips * MAX_EXACT_SHARE))
+    tokens, left = _greedy_head(x, screen, packed, max_exact_strips)
+    return tokens if left > 0 else None
+
+
+def strips_left(x: torch.Tensor, screen: GreedyScreen, packed: torch.Tensor) -> int:
+    """How many strips of 64 columns the screen leaves to compute exactly for the rows ``x``
+    (of ``screen.q.shape[0]``); 0 when it cannot screen them."""
+    return max(0, _greedy_head(x, screen, packed, screen.q.shape[0])[1])
+
+
+def _greedy_head(
+    x: torch.Tensor, screen: GreedyScreen, packed: torch.Tensor, max_exact_strips: int
+) -> tuple[torch.Tensor, int]:  # tokens [rows] int64, strips left (< 0: not screened)
     rows = x.shape[0]
     if x.dtype is not torch.bfloat16 or not x.is_cpu or x.dim() != 2:
         raise ValueError(f"x must be a 2-D CPU bfloat16 tensor, got {x.dtype} {tuple(x.shape)}")
     if x.shape[1] != screen.in_features or packed.shape[0] != screen.q.shape[0]:
         raise ValueError("x, the screen and the packed head do not fit together")
+    tokens = torch.empty(rows, dtype=torch.int64)
     if not 0 < rows <= SCREEN_ROWS_MAX or screen.in_features % 2:
-        return None
+        return tokens, -2
     if x.stride(1) != 1:
         x = x.contiguous()
-    tokens = torch.empty(rows, dtype=torch.int64)
-    strips = screen.q.shape[0]
-    limit = max(1, int(strips * MAX_EXACT_SHARE)) if max_exact_strips is None else max_exact_strips
-    status = load_library().pc_greedy_head(
+    left = load_library().pc_greedy_head(
         x.data_ptr(), x.stride(0), rows, screen.q.data_ptr(), screen.meta.data_ptr(),
-        packed.data_ptr(), screen.out_features, screen.in_features,
-        limit, tokens.data_ptr(),
-        torch.get_num_threads(),
+        packed.data_ptr(), screen.out_features, screen.in_features, max_exact_strips,
+        tokens.data_ptr(), torch.get_num_threads(),
     )  # fmt: skip
-    return tokens if status > 0 else None
+    return tokens, left
