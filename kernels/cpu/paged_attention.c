@@ -104,7 +104,7 @@ typedef struct {
     float o[RB * MAX_D];              /* output accumulator, row stride MAX_D */
     uint32_t kp[(MAX_D / 2) * KB];    /* keys packed per item (decode) */
     uint32_t vp[(KB / 2) * MAX_D];    /* values packed per item (decode) */
-    const void *kr[2][KB], *vr[2][KB]; /* source rows of this and the next key block */
+    const void *kr[3][KB], *vr[3][KB]; /* source rows of this and the next two key blocks */
 } __attribute__((aligned(64))) scratch;
 
 /* acc += (pair at ptr, broadcast) . x, pairwise over 16 lanes of bf16 pairs. */
@@ -319,11 +319,25 @@ typedef struct {
     int masked;              /* some row sees only part of the block */
     int nk2;                 /* key pairs of the block that any row sees */
     int lim[RB];             /* keys of this block each row sees (may be <= 0 or > KB) */
+    const void *const *pfk, *const *pfv; /* rows to prefetch during the step (pf_lines > 0) */
+    int pf_lines;                        /* cache lines of each of them */
 } block_args;
 
+/* Prefetches into L2 rows [it KB / n, (it + 1) KB / n) of `rows`, `lines` lines each: the
+ * it-th of n even shares of a key block, spread over a loop of n iterations. Where a whole
+ * block's rows were prefetched at once (256 lines, one block ahead, into L1), the packing
+ * still waited for memory; spread over the step's loops, two blocks ahead, into L2, a decode
+ * over 1,701 keys of a pool not in cache takes 0.8x the time. */
+INLINE void prefetch_share(const void *const *rows, int it, int n, int lines) {
+    for (int r = it * KB / n; r < (it + 1) * KB / n; r++) {
+        if (!rows[r]) return;
+        for (int l = 0; l < lines; l++) _mm_prefetch((const char *)rows[r] + 64 * l, _MM_HINT_T1);
+    }
+}
+
 /* O columns [d0, d0 + 16 NV) of R rows: O = O * alpha + P V (no rescale when alpha is NULL). */
-INLINE void pv_chunk(const int R, const int NV, int D, int d0, const block_args *a, scratch *sc,
-                     const __m512 *alpha) {
+INLINE void pv_chunk(const int R, const int NV, const int PF, int D, int d0,
+                     const block_args *a, scratch *sc, const __m512 *alpha) {
     __m512 o[RB][4];
     const uint32_t *pt = (const uint32_t *)sc->pt;
 #pragma GCC unroll 8
@@ -335,6 +349,7 @@ INLINE void pv_chunk(const int R, const int NV, int D, int d0, const block_args 
         }
     const uint32_t *vp = a->vp + d0;
     for (int k2 = 0; k2 < a->nk2; k2++, vp += D) {
+        if (PF && a->pf_lines && d0 == 0) prefetch_share(a->pfv, k2, KB / 2, a->pf_lines);
         __m512bh vv[4];
 #pragma GCC unroll 4
         for (int v = 0; v < NV; v++) vv[v] = (__m512bh)_mm512_load_si512(vp + 16 * v);
@@ -375,8 +390,8 @@ typedef struct {
 } row_state;
 
 /* Scores, online softmax update, P into sc->pt, then O update, for R rows. */
-INLINE void block_step(const int R, int D, float c, const block_args *a, scratch *sc,
-                       row_state *st) {
+INLINE void block_step(const int R, const int PF, int D, float c, const block_args *a,
+                       scratch *sc, row_state *st) {
     __m512 acc[RB][4];
 #pragma GCC unroll 8
     for (int r = 0; r < R; r++)
@@ -385,6 +400,7 @@ INLINE void block_step(const int R, int D, float c, const block_args *a, scratch
     const uint32_t *q32 = (const uint32_t *)sc->qt;
     const uint32_t *kp = a->kp;
     for (int d = 0; d < D / 2; d++, kp += KB) {
+        if (PF && a->pf_lines) prefetch_share(a->pfk, d, D / 2, a->pf_lines);
         const __m512bh k0 = (__m512bh)_mm512_load_si512(kp);
         const __m512bh k1 = (__m512bh)_mm512_load_si512(kp + 16);
         const __m512bh k2 = (__m512bh)_mm512_load_si512(kp + 32);
@@ -446,14 +462,18 @@ INLINE void block_step(const int R, int D, float c, const block_args *a, scratch
     }
     const __m512 *scale_o = over ? alpha : NULL;
     int d0 = 0;
-    for (; d0 + 64 <= D; d0 += 64) pv_chunk(R, 4, D, d0, a, sc, scale_o);
-    if (d0 < D) pv_chunk(R, 2, D, d0, a, sc, scale_o);
+    for (; d0 + 64 <= D; d0 += 64) pv_chunk(R, 4, PF, D, d0, a, sc, scale_o);
+    if (d0 < D) pv_chunk(R, 2, PF, D, d0, a, sc, scale_o);
 }
 
 #define DEFINE_STEP(R)                                                                      \
     static void block_step_##R(int D, float c, const block_args *a, scratch *sc,            \
                                row_state *st) {                                             \
-        block_step(R, D, c, a, sc, st);                                                     \
+        block_step(R, 0, D, c, a, sc, st);                                                  \
+    }                                                                                       \
+    static void block_step_pf_##R(int D, float c, const block_args *a, scratch *sc,         \
+                                  row_state *st) {                                          \
+        block_step(R, 1, D, c, a, sc, st);                                                  \
     }
 DEFINE_STEP(1)
 DEFINE_STEP(2)
@@ -465,6 +485,10 @@ DEFINE_STEP(6)
 typedef void (*step_fn)(int, float, const block_args *, scratch *, row_state *);
 static const step_fn STEPS[RB + 1] = {NULL,         block_step_1, block_step_2, block_step_3,
                                       block_step_4, block_step_5, block_step_6};
+/* the same, prefetching a later key block's pool rows (a->pfk, a->pfv) along their loops */
+static const step_fn PF_STEPS[RB + 1] = {NULL,            block_step_pf_1, block_step_pf_2,
+                                         block_step_pf_3, block_step_pf_4, block_step_pf_5,
+                                         block_step_pf_6};
 
 /* ------------------------------------------------------------------ work items */
 
@@ -499,26 +523,32 @@ static void row_tile(const problem *p, int s, int h, int rb, int R, int kb0, int
         kpre = (const uint32_t *)(p->ws + si->ws_off + 2 * bytes * h);
         vpre = (const uint32_t *)(p->ws + si->ws_off + 2 * bytes * h + bytes);
     }
-    const step_fn step = STEPS[R];
+    const step_fn step = kpre ? STEPS[R] : PF_STEPS[R];
     block_args a;
-    int cur = 0; /* packing here: rows of block kb in kr[cur], of block kb + 1 prefetched */
-    int npool[2] = {0, 0}; /* leading rows of kr[i] / vr[i] that are pool rows */
-    if (!kpre && kb0 * KB < lim_hi) {
-        npool[0] = key_rows(p, s, h, kb0 * KB, sc->kr[0], sc->vr[0]);
-        prefetch_rows(sc->kr[0], sc->vr[0], npool[0], p->esize, D);
+    a.pf_lines = 0;
+    /* packing here: the rows of block kb in slot (kb - kb0) % 3; those of kb + 1 came in
+     * before, those of kb + 2 are prefetched during the step of kb, spread over its loops
+     * (`lines` a pool row's; the few bf16 rows of new tokens past a quantized pool's are hot) */
+    int npool[3] = {0, 0, 0}; /* leading rows of kr[i] / vr[i] that are pool rows */
+    const int lines = (D * p->esize + 63) / 64;
+    for (int f = 0; !kpre && f < 2 && (kb0 + f) * KB < lim_hi; f++) {
+        npool[f] = key_rows(p, s, h, (kb0 + f) * KB, sc->kr[f], sc->vr[f]);
+        prefetch_rows(sc->kr[f], sc->vr[f], npool[f], p->esize, D);
     }
     for (int kb = kb0; kb * KB < lim_hi; kb++) {
         if (kpre) {
             a.kp = kpre + (int64_t)kb * KB * D / 2;
             a.vp = vpre + (int64_t)kb * KB * D / 2;
         } else {
-            if ((kb + 1) * KB < lim_hi) {
-                const int nxt = cur ^ 1;
-                npool[nxt] = key_rows(p, s, h, (kb + 1) * KB, sc->kr[nxt], sc->vr[nxt]);
-                prefetch_rows(sc->kr[nxt], sc->vr[nxt], npool[nxt], p->esize, D);
+            const int cur = (kb - kb0) % 3, far = (kb - kb0 + 2) % 3;
+            a.pf_lines = 0;
+            if ((kb + 2) * KB < lim_hi) {
+                npool[far] = key_rows(p, s, h, (kb + 2) * KB, sc->kr[far], sc->vr[far]);
+                a.pfk = sc->kr[far];
+                a.pfv = sc->vr[far];
+                a.pf_lines = lines;
             }
             pack_kv(p, h, sc->kr[cur], sc->vr[cur], npool[cur], sc->kp, sc->vp);
-            cur ^= 1;
             a.kp = sc->kp;
             a.vp = sc->vp;
         }
