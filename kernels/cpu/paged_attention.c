@@ -105,6 +105,7 @@ typedef struct {
     uint32_t kp[(MAX_D / 2) * KB];    /* keys packed per item (decode) */
     uint32_t vp[(KB / 2) * MAX_D];    /* values packed per item (decode) */
     const void *kr[3][KB], *vr[3][KB]; /* source rows of this and the next two key blocks */
+    const void *pk[KB], *pv[KB];       /* rows of the next tile's first blocks, prefetched */
 } __attribute__((aligned(64))) scratch;
 
 /* acc += (pair at ptr, broadcast) . x, pairwise over 16 lanes of bf16 pairs. */
@@ -494,9 +495,16 @@ static const step_fn PF_STEPS[RB + 1] = {NULL,            block_step_pf_1, block
 
 /* Rows [rb, rb + R) of (seq s, kv head h): attention over their visible keys in key blocks
  * [kb0, kb1). Writes the normalized bf16 output rows, or, when part is not NULL (a split-K
- * chunk), each row's unnormalized output, reference max and sum there: R x (D + 2) floats. */
+ * chunk), each row's unnormalized output, reference max and sum there: R x (D + 2) floats.
+ * Without prepacked K/V its last steps prefetch the first blocks of `then`. */
+/* The keys a thread reads after a row tile: key blocks [kb0, kb1) of (seq, kv head h), whose
+ * first blocks the tile's last steps prefetch; seq < 0 when unknown. */
+typedef struct {
+    int seq, h, kb0, kb1;
+} next_keys;
+
 static void row_tile(const problem *p, int s, int h, int rb, int R, int kb0, int kb1,
-                     float *part, scratch *sc) {
+                     float *part, scratch *sc, next_keys then) {
     const seq_info *si = &p->seqs[s];
     const int D = p->D, G = p->G;
     int lim[RB];
@@ -547,6 +555,15 @@ static void row_tile(const problem *p, int s, int h, int rb, int R, int kb0, int
                 a.pfk = sc->kr[far];
                 a.pfv = sc->vr[far];
                 a.pf_lines = lines;
+            } else if (then.seq >= 0) { /* no block of its own left: the next tile's first */
+                const int last = (lim_hi + KB - 1) / KB; /* first block not read here */
+                const int t = then.kb0 + (kb + 2 - last);
+                if (t < then.kb1 && (int64_t)t * KB < p->seqs[then.seq].ncache) {
+                    key_rows(p, then.seq, then.h, t * KB, sc->pk, sc->pv);
+                    a.pfk = sc->pk;
+                    a.pfv = sc->pv;
+                    a.pf_lines = lines;
+                }
             }
             pack_kv(p, h, sc->kr[cur], sc->vr[cur], npool[cur], sc->kp, sc->vp);
             a.kp = sc->kp;
@@ -832,13 +849,19 @@ int pa_paged_attention(const bf16 *q, int64_t q_st, int64_t q_sh, const bf16 *k,
         if (np) pc_phase_end(PC_PHASE_ATTENTION_PACKING, &clock);
         for (int64_t i, after; (i = work_runs_next(item_runs, nt, tid, &after)) >= 0;) {
             const work_item *it = &items[i];
+            next_keys then = {-1, 0, 0, 0};
+            if (after >= 0 && !items[after].packed && it->h1 - it->h0 == 1 &&
+                it->r1 - it->r0 <= RB) { /* one tile here (decode): the next item's keys */
+                const work_item *nx = &items[after];
+                then = (next_keys){nx->seq, nx->h0, nx->kb0, nx->kb1};
+            }
             for (int h = it->h0; h < it->h1; h++) {
                 for (int rb = it->r0; rb < it->r1; rb += RB) {
                     const int R = it->r1 - rb < RB ? it->r1 - rb : RB;
                     float *tile_part = it->part < 0
                                            ? NULL
                                            : parts + it->part + (int64_t)(rb - it->r0) * (D + 2);
-                    row_tile(&p, it->seq, h, rb, R, it->kb0, it->kb1, tile_part, sc);
+                    row_tile(&p, it->seq, h, rb, R, it->kb0, it->kb1, tile_part, sc, then);
                 }
             }
         }
