@@ -11,7 +11,8 @@ SmolLM2 in bf16 on CPU (a 56 MB head). Two measurements, the two sides alternati
 Both give the same tokens (tested). Medians; also how many strips of 64 columns the screen
 leaves to compute exactly.
 
-    python benchmarks/greedy_head.py [--rounds 6] [--threads 2] [--out results/greedy_head.json]
+    python benchmarks/greedy_head.py [--rounds 6] [--threads 2] [--quick]
+                                     [--out results/greedy_head.json]
 """
 
 from __future__ import annotations
@@ -85,12 +86,12 @@ def head_times(llm: LLM, hidden: torch.Tensor, rounds: int) -> dict:
     return report
 
 
-def engine_times(llm: LLM, rounds: int) -> dict:
+def engine_times(llm: LLM, rounds: int, prompt_tokens: int, new_tokens: int) -> dict:
     """The same engine with the screen on and off (``use_greedy_screen``), alternating."""
     model = llm.engine.runner.model
-    prompt = text_tokens(llm, 1637, 1)
+    prompt = text_tokens(llm, prompt_tokens, 1)
     llm.warm(prompt)
-    decode = SamplingParams(max_tokens=33, temperature=0.0, ignore_eos=True)
+    decode = SamplingParams(max_tokens=new_tokens + 1, temperature=0.0, ignore_eos=True)
     samples = {side: {"tpot_s": [], "warm_ttft_s": []} for side in ("screen", "full")}
     suffix_seed = iter(range(1000, 100_000))
     try:
@@ -117,10 +118,14 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--out", type=Path, default=Path("results/greedy_head.json"))
+    parser.add_argument("--quick", action="store_true", help="one round, a 256-token prompt")
     args = parser.parse_args()
+    prompt_tokens, new_tokens = 1637, 32
+    if args.quick:
+        args.rounds, prompt_tokens, new_tokens = 1, 256, 8
     torch.set_num_threads(args.threads)
     llm = LLM()
-    report: dict = {"threads": args.threads, "rounds": args.rounds}
+    report: dict = {"threads": args.threads, "rounds": args.rounds, "quick": args.quick}
     report["head"] = head_times(llm, captured_hidden(llm), args.rounds)
     for rows, row in report["head"].items():
         if not isinstance(row, dict) or "screen_ms" not in row:
@@ -134,7 +139,7 @@ def main() -> None:
         f"strips of 64 columns left to compute exactly, one row: median {left['median']}, "
         f"max {left['max']} of {report['head']['strips']} ({left['steps']} greedy steps)"
     )
-    report["engine"] = engine_times(llm, args.rounds)
+    report["engine"] = engine_times(llm, args.rounds, prompt_tokens, new_tokens)
     engine = report["engine"]
     for name, label in (("tpot_s", "decode per token  "), ("warm_ttft_s", "warm TTFT (64 new)")):
         print(

@@ -94,3 +94,16 @@ def test_warm_breakdown_quick(tmp_path):
         "attention_packing", "output_head", "outside_compiled_layers"))
     assert layers < result["request_ms_mean"]
     assert set(result["phase_gflops"]) == {"qkv", "attention", "o_proj", "gate_up_silu", "down"}
+
+
+def test_greedy_head_quick(tmp_path):
+    from prefixcache.kernels.cpu import greedy_screen_available
+
+    if not greedy_screen_available():
+        pytest.skip("the greedy screen needs the compiled kernels and AVX512-VNNI")
+    result = run_quick("greedy_head.py", tmp_path / "greedy_head.json")
+    assert result["quick"] is True and set(result["head"]) >= {"1", "2", "3", "4"}
+    left = result["head"]["strips_left_one_row"]
+    assert 1 <= left["median"] <= left["max"] <= result["head"]["strips"]
+    for side in ("screen", "full"):
+        assert result["engine"][side]["tpot_s"] > 0 and result["engine"][side]["warm_ttft_s"] > 0
