@@ -47,27 +47,31 @@ typedef struct {
     float sx1, sx2, l1, emax;
 } screened_row;
 
+static inline float bf16_value(bf16 x) {
+    const uint32_t bits = (uint32_t)x << 16;
+    float v;
+    memcpy(&v, &bits, sizeof v);
+    return v;
+}
+
+/* r (an integer in double) clamped to int8's [-127, 127]. */
+static inline int clamp_int8(double r) {
+    return (int)(r > 127.0 ? 127.0 : r < -127.0 ? -127.0 : r);
+}
+
 /* One column's quantization, in double (w and s q exactly representable). */
 static void quantize_column(const bf16 *w, int64_t k, int64_t k4, int8_t *strip_base,
                             int64_t col, float *meta, int64_t npad) {
     float amax = 0.0f;
-    for (int64_t j = 0; j < k; j++) {
-        const uint32_t bits = (uint32_t)w[j] << 16;
-        float v;
-        memcpy(&v, &bits, sizeof v);
-        amax = fmaxf(amax, fabsf(v));
-    }
+    for (int64_t j = 0; j < k; j++) amax = fmaxf(amax, fabsf(bf16_value(w[j])));
     const float s = amax > 0.0f ? amax / 127.0f : 0.0f;
     double err = 0.0;
     int64_t abs_sum = 0, sum = 0;
     for (int64_t j = 0; j < 4 * k4; j++) {
         int q = 0;
         if (j < k && s > 0.0f) {
-            const uint32_t bits = (uint32_t)w[j] << 16;
-            float v;
-            memcpy(&v, &bits, sizeof v);
-            const double r = nearbyint((double)v / (double)s);
-            q = (int)(r > 127.0 ? 127.0 : r < -127.0 ? -127.0 : r);
+            const float v = bf16_value(w[j]);
+            q = clamp_int8(nearbyint((double)v / (double)s));
             err = fmax(err, fabs((double)v - (double)s * q));
         }
         strip_base[(j / 4) * STRIP * 4 + col * 4 + j % 4] = (int8_t)q;
@@ -111,9 +115,7 @@ static int quantize_row(const bf16 *x, int64_t k, int64_t k4, uint8_t *u1, uint8
                         screened_row *row) {
     double amax = 0.0, l1 = 0.0;
     for (int64_t j = 0; j < k; j++) {
-        const uint32_t bits = (uint32_t)x[j] << 16;
-        float v;
-        memcpy(&v, &bits, sizeof v);
+        const float v = bf16_value(x[j]);
         if (!isfinite(v)) return -1;
         amax = fmax(amax, fabs(v));
         l1 += fabs(v);
@@ -121,23 +123,16 @@ static int quantize_row(const bf16 *x, int64_t k, int64_t k4, uint8_t *u1, uint8
     const float sx1 = amax > 0.0 ? (float)(amax / 127.0) : 1.0f;
     double ramax = 0.0;
     for (int64_t j = 0; j < k; j++) { /* first level, and the largest remainder */
-        const uint32_t bits = (uint32_t)x[j] << 16;
-        float v;
-        memcpy(&v, &bits, sizeof v);
-        const double r = nearbyint((double)v / sx1);
-        const int q = (int)(r > 127.0 ? 127.0 : r < -127.0 ? -127.0 : r);
+        const float v = bf16_value(x[j]);
+        const int q = clamp_int8(nearbyint((double)v / sx1));
         u1[j] = (uint8_t)(q + 128);
         ramax = fmax(ramax, fabs((double)v - (double)sx1 * q));
     }
     const float sx2 = ramax > 0.0 ? (float)(ramax / 127.0) : 1.0f;
     double emax = 0.0;
     for (int64_t j = 0; j < k; j++) { /* second level, and what is left */
-        const uint32_t bits = (uint32_t)x[j] << 16;
-        float v;
-        memcpy(&v, &bits, sizeof v);
-        const double rest = (double)v - (double)sx1 * (u1[j] - 128);
-        const double r = nearbyint(rest / sx2);
-        const int q = (int)(r > 127.0 ? 127.0 : r < -127.0 ? -127.0 : r);
+        const double rest = (double)bf16_value(x[j]) - (double)sx1 * (u1[j] - 128);
+        const int q = clamp_int8(nearbyint(rest / sx2));
         u2[j] = (uint8_t)(q + 128);
         emax = fmax(emax, fabs(rest - (double)sx2 * q));
     }
@@ -326,9 +321,7 @@ int pc_greedy_head(const bf16 *x, int64_t x_stride, int64_t rows, const int8_t *
         const int64_t cols = n - st * STRIP < STRIP ? n - st * STRIP : STRIP;
         for (int64_t r = 0; r < rows; r++)
             for (int64_t c = 0; c < cols; c++) {
-                const uint32_t bits = (uint32_t)exact[r * STRIP + c] << 16;
-                float v;
-                memcpy(&v, &bits, sizeof v);
+                const float v = bf16_value(exact[r * STRIP + c]);
                 if (isnan(v)) return -1;
                 if (v > best[r] || tokens[r] < 0) {
                     best[r] = v;
