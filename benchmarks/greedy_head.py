@@ -77,8 +77,8 @@ def head_times(llm: LLM, hidden: torch.Tensor, rounds: int) -> dict:
             "full_ms": med["full"] * 1e3,
             "screen_over_full": med["screen"] / med["full"],
         }
-    head, screen = model._greedy_screen
-    left = [strips_left(hidden[i : i + 1], screen, head.packed) for i in range(hidden.shape[0])]
+    screen, packed = model.greedy_screen, model.lm_head.packed
+    left = [strips_left(hidden[i : i + 1], screen, packed) for i in range(hidden.shape[0])]
     report["strips"] = screen.q.shape[0]
     report["strips_left_one_row"] = {
         "median": statistics.median(left), "max": max(left), "steps": len(left)

@@ -223,6 +223,11 @@ class CausalLM(nn.Module):
             return F.linear(hidden, self.embed_tokens.weight).float()
         return self.lm_head(hidden).float()
 
+    @property
+    def greedy_screen(self) -> GreedyScreen | None:
+        """The output head's int8 screening copy `greedy_tokens` reads, if it was built."""
+        return None if self._greedy_screen is None else self._greedy_screen[1]
+
     @torch.inference_mode()
     def greedy_tokens(self, hidden: Tensor) -> Tensor:
         """`hidden` `[n, hidden]` -> `[n]` int64 on the CPU: each row's argmax of

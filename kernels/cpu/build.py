@@ -1,6 +1,6 @@
 """Compile the CPU kernels (``paged_attention.c``, ``model_ops.c``, ``linear.c``,
-``decoder_layer.c``) with the system gcc at first use and load them, as one shared library,
-with ctypes.
+``greedy_screen.c``, ``decoder_layer.c``) with the system gcc at first use and load them, as
+one shared library, with ctypes.
 
 The shared library is cached as ``$XDG_CACHE_HOME/prefixcache/kernels/<hash>.so`` (default
 ``~/.cache``), the hash covering the sources and headers, the compiler command and version, the

@@ -58,7 +58,7 @@ def test_smollm2_greedy_tokens_equal_the_full_heads(monkeypatch: pytest.MonkeyPa
     monkeypatch.setenv("PREFIXCACHE_GREEDY_SCREEN", "0")
     results.clear()
     plain = LLM("smollm2", num_blocks=256)
-    assert plain.engine.runner.model._greedy_screen is None
+    assert plain.engine.runner.model.greedy_screen is None
     answers.append(run_workload(plain))
     assert not results
     assert answers[0] == answers[1]
@@ -67,7 +67,7 @@ def test_smollm2_greedy_tokens_equal_the_full_heads(monkeypatch: pytest.MonkeyPa
 def test_a_replaced_head_is_not_screened_with_the_old_copy(tiny_llama_hd64_dir: Path) -> None:
     llm = LLM(str(tiny_llama_hd64_dir), dtype="bfloat16", num_blocks=32)
     model = llm.engine.runner.model
-    assert model._greedy_screen is not None
+    assert model.greedy_screen is not None
     generator = torch.Generator().manual_seed(0)
     hidden = torch.randn(3, model.config.hidden_size, generator=generator).to(torch.bfloat16)
     assert torch.equal(model.greedy_tokens(hidden), model.compute_logits(hidden).argmax(-1))
