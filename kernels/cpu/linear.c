@@ -36,7 +36,7 @@
 #define TILE_M 6  /* rows per register tile */
 #define SLICE 16  /* output columns per work item when rows <= TILE_M */
 #define PREFETCH (64 * STRIP) /* prefetch distance into L2: 64 input pairs (16 KiB) ahead */
-#define POOL_PREFETCH_MAX (512 * 1024) /* pool bytes a thread brings into L2 per GEMM, at most */
+#define POOL_PREFETCH_MAX (768 * 1024) /* pool bytes a thread brings into L2 per GEMM, at most */
 
 typedef struct {
     const bf16 *x;
