@@ -14,7 +14,7 @@ from prefixcache.kernels.dispatch import cpu_kernels
 from ..model_config import ModelConfig
 from .attention_fn import AttentionFn
 from .attention_projection import AttentionProjection
-from .greedy_head import build_greedy_screen, screened_greedy_tokens
+from .greedy_head import build_greedy_screen
 from .mlp import SwiGLUMLP
 from .norms import RMSNorm
 from .packed_linear import (
@@ -237,7 +237,7 @@ class CausalLM(nn.Module):
         if self._greedy_screen is not None and self.use_greedy_screen and hidden.is_cpu:
             head, screen = self._greedy_screen
             if self.lm_head is head:  # not replaced since it was screened
-                tokens = screened_greedy_tokens(hidden, head, screen)
+                tokens = cpu_kernels().screened_argmax(hidden, screen, head.packed)
                 if tokens is not None:
                     return tokens
         return self.compute_logits(hidden).argmax(dim=-1).cpu()

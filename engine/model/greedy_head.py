@@ -12,8 +12,6 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING
 
-from torch import Tensor
-
 from prefixcache.kernels.dispatch import cpu_kernels
 
 from .packed_linear import PackedLinear
@@ -40,12 +38,3 @@ def build_greedy_screen(head: PackedLinear | None) -> GreedyScreen | None:
 
     return kernels.GreedyScreen.of(unpack_linear_weight(head.packed, head.out_features))
 
-
-def screened_greedy_tokens(
-    hidden: Tensor,  # [rows, hidden_size] in the head's dtype
-    head: PackedLinear,
-    screen: GreedyScreen,  # of head
-) -> Tensor | None:  # [rows] int64
-    """Each row's argmax of ``head(hidden)``, or None where the screen does not pay (too many
-    rows, non-finite values, too many columns left to compute exactly)."""
-    return cpu_kernels().screened_argmax(hidden, screen, head.packed)
