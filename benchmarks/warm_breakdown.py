@@ -1,6 +1,8 @@
 """Where a warm request's time goes: the fused decoder layers' phases (``phase_profile``), the
 output head and everything outside the compiled layers, for 64 new tokens over a cached
-1,637-token prefix on SmolLM2 (engine_bench.py's warm case), with each phase's GFLOP/s.
+1,637-token prefix on SmolLM2 (engine_bench.py's warm case), with each phase's GFLOP/s and its
+share of the threads' bf16 peak (``bf16_dot_peak``: only the dot-product instruction the
+kernels are built on, issued back to back), and what the request's FLOPs take at that peak.
 
     python benchmarks/warm_breakdown.py [--quick] [--requests 30] [--prefix 1637]
                                         [--suffix 64] [--out results/warm_breakdown.json]
@@ -28,7 +30,7 @@ from engine_bench import FIRST_TOKEN, text_tokens
 
 from prefixcache.engine import LLM
 from prefixcache.engine.model_config import ModelConfig
-from prefixcache.kernels.cpu import PHASES, phase_profile
+from prefixcache.kernels.cpu import PHASES, bf16_dot_peak, phase_profile
 
 
 def phase_flops(config: ModelConfig, new: int, cached: int) -> dict[str, float]:
@@ -82,6 +84,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     per_request["outside_compiled_layers"] = total - layers - per_request["output_head"]
     new = round(statistics.mean(computed))
     flops = phase_flops(model.config, new, args.prefix + args.suffix - new)
+    peak = bf16_dot_peak()  # GFLOP/s of torch's threads, the ones the layers run on
     return {
         "prefix_tokens": args.prefix,
         "suffix_tokens": args.suffix,
@@ -93,6 +96,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "phase_gflops": {
             phase: count / per_request[phase] / 1e9 for phase, count in flops.items()
         },
+        "bf16_peak_gflops": peak,
+        "request_gflop": sum(flops.values()) / 1e9,
+        "ms_at_peak": sum(flops.values()) / peak / 1e6,
     }
 
 
@@ -101,14 +107,20 @@ def print_report(report: dict[str, Any]) -> None:
         title=f"warm request: {report['suffix_tokens']} new over {report['prefix_tokens']} "
         f"cached, mean {report['request_ms_mean']:.1f} ms ({report['requests']} requests)"
     )
-    for column in ("phase", "ms / request", "share", "GFLOP/s"):
+    for column in ("phase", "ms / request", "share", "GFLOP/s", "of peak"):
         table.add_column(column, justify="left" if column == "phase" else "right")
-    total = report["request_ms_mean"]
+    total, peak = report["request_ms_mean"], report["bf16_peak_gflops"]
     for phase, ms in report["phase_ms"].items():
         rate = report["phase_gflops"].get(phase)
         name = f"  of which {phase}" if phase == "attention_packing" else phase
-        table.add_row(name, f"{ms:.2f}", f"{ms / total:.1%}", "" if rate is None else f"{rate:.0f}")
-    Console().print(table)
+        rates = ("", "") if rate is None else (f"{rate:.0f}", f"{rate / peak:.0%}")
+        table.add_row(name, f"{ms:.2f}", f"{ms / total:.1%}", *rates)
+    console = Console()
+    console.print(table)
+    console.print(
+        f"bf16 peak of the threads: {peak:.0f} GFLOP/s; the request's "
+        f"{report['request_gflop']:.1f} GFLOP take {report['ms_at_peak']:.1f} ms at it"
+    )
 
 
 def main() -> None:

@@ -4,7 +4,8 @@ the decoder's elementwise ops on bf16 (``model_ops``: RMSNorm with the residual 
 SiLU-and-mul, KV writes into a bf16 pool), its bf16 projections (``linear``: a GEMM over a
 weight packed once; ``greedy_screen``: greedy decoding's argmax from an int8 copy of the output
 head), and all of them chained into decoder layers, a run of layers per call
-(``decoder_layer``), whose time per phase ``phase_profile`` measures.
+(``decoder_layer``), whose time per phase ``phase_profile`` measures (against the machine's
+bf16 peak, ``bf16_dot_peak``).
 
 ``cpu_attention_available()`` says whether they can run here (x86-64 Linux, AVX-512 F/BW/VL
 and AVX512-BF16, gcc; ``PREFIXCACHE_CPU_KERNELS=0`` turns them off); ``cpu_kernel_supports``
@@ -44,7 +45,7 @@ from prefixcache.kernels.cpu.paged_attention import (
     paged_decode_attention_cpu,
     paged_prefill_attention_cpu,
 )
-from prefixcache.kernels.cpu.phase_profile import PHASES, phase_profile
+from prefixcache.kernels.cpu.phase_profile import PHASES, bf16_dot_peak, phase_profile
 
 __all__ = [
     "PHASES",
@@ -54,6 +55,7 @@ __all__ = [
     "PagedStep",
     "add_rms_norm_cpu_",
     "apply_rotary_cpu_",
+    "bf16_dot_peak",
     "copy_blocks_cpu",
     "cpu_attention_available",
     "cpu_kernel_supports",
