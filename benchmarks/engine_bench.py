@@ -143,7 +143,7 @@ def throughput(llm: LLM, prompts: list[list[int]], max_tokens: int) -> tuple[flo
     utilization = []
     start = time.perf_counter()
     while engine.has_unfinished():
-        engine.step()
+        engine.step(finished_only=True)  # as `generate` runs it: no snapshots of the running
         running = engine.scheduler.running
         blocks = sum(len(r.block_ids) for r in running)
         if blocks:

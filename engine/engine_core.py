@@ -105,8 +105,10 @@ class EngineCore:
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()
 
-    def step(self) -> list[RequestOutput]:
-        """Run one scheduler step; returns the state of every request that changed."""
+    def step(self, finished_only: bool = False) -> list[RequestOutput]:
+        """Run one scheduler step; returns the state of every request that changed, or, with
+        ``finished_only``, of those that finished (the others' text is then not decoded: a
+        caller that does not stream skips a decode of each running request's output a step)."""
         out = self.scheduler.schedule()
         touched: dict[str, _RequestGroup] = {}
         if out.is_empty:
@@ -130,7 +132,11 @@ class EngineCore:
                 row_logits = None if logits is None else logits[row]
                 self._advance(group, request, row_logits, greedy[row], now)
                 touched[group.request_id] = group
-        return [self._snapshot(group) for group in touched.values()]
+        return [
+            self._snapshot(group)
+            for group in touched.values()
+            if group.finished or not finished_only
+        ]
 
     def _advance(
         self,

@@ -107,9 +107,8 @@ class LLM:
         request_ids = [self._add(token_ids, params, salt) for token_ids in encoded]
         finished: dict[str, RequestOutput] = {}
         while self.engine.has_unfinished():
-            for output in self.engine.step():
-                if output.finished:
-                    finished[output.request_id] = output
+            for output in self.engine.step(finished_only=True):
+                finished[output.request_id] = output
         return [finished[request_id] for request_id in request_ids]
 
     def chat(

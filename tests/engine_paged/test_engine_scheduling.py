@@ -82,3 +82,33 @@ def test_request_tokens_buffer_grows_with_outputs() -> None:
     request.append_token(7)
     assert request.output_token_ids == [7] and list(request.all_tokens) == [1, 2, 3, 7]
     assert request.all_tokens.dtype == np.int32
+
+
+def test_finished_only_steps_hand_out_just_the_finished_requests(tiny_llama_dir: Path) -> None:
+    """``step(finished_only=True)`` (what ``generate`` runs) skips the running requests'
+    snapshots; the finished ones come out exactly as plain steps make them."""
+    prompts = {"short": [5, 6, 7], "long": [8, 9, 10, 11]}
+    lengths = {"short": 2, "long": 5}
+    results = {}
+    for finished_only in (False, True):
+        llm = LLM(str(tiny_llama_dir), dtype="float32", num_blocks=32, block_size=4)
+        engine = llm.engine
+        for name, prompt in prompts.items():
+            params = SamplingParams(max_tokens=lengths[name], temperature=0.0, ignore_eos=True)
+            engine.add_request(name, prompt, params)
+        steps = []
+        while engine.has_unfinished():
+            steps.append(engine.step(finished_only=finished_only))
+        if finished_only:
+            assert all(out.finished for outs in steps for out in outs)
+        else:
+            assert any(not out.finished for outs in steps for out in outs)
+        results[finished_only] = {
+            out.request_id: (out.outputs[0].token_ids, out.text)
+            for outs in steps
+            for out in outs
+            if out.finished
+        }
+        assert llm.stats()["in_use"] == 0
+        llm.cache.check_invariants()
+    assert results[True] == results[False] and set(results[True]) == set(prompts)
