@@ -193,8 +193,8 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.pc_profile_enable.argtypes = [i32]
     lib.pc_profile_read.restype = None
     lib.pc_profile_read.argtypes = [ptr, i32]  # double[PC_NUM_PHASES], reset
-    lib.pc_bf16_dot_seconds.restype = ctypes.c_double
-    lib.pc_bf16_dot_seconds.argtypes = [i32, i64]
+    lib.pc_bf16_dot_gflops.restype = ctypes.c_double
+    lib.pc_bf16_dot_gflops.argtypes = [i32, i64]
     lib.pc_release_layer_scratch.restype = None
     lib.pc_release_layer_scratch.argtypes = []
     lib.pc_copy_blocks.restype = i32

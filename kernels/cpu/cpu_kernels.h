@@ -69,7 +69,7 @@ void pc_profile_enable(int on);
 void pc_profile_read(double *out, int reset); /* out[PC_NUM_PHASES] seconds; reset: zero them */
 double pc_phase_start(void);                  /* a clock reading, or 0 while profiling is off */
 void pc_phase_end(int phase, double *since);  /* adds now - *since to phase, *since = now */
-double pc_bf16_dot_seconds(int threads, int64_t rounds); /* the bf16 dot-product peak's clock */
+double pc_bf16_dot_gflops(int threads, int64_t rounds); /* the bf16 dot-product peak */
 /* work_runs.c (checks of work_runs.h) */
 int64_t pc_work_runs_drain(int64_t n, int runs, int tid, int64_t *out);
 void pc_work_runs_stress(int64_t n, int runs, int repeats, int32_t *taken);

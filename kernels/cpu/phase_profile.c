@@ -34,19 +34,21 @@ void pc_phase_end(int phase, double *since) {
 #define DOT_CHAINS 24 /* independent accumulators: more than the instruction's latency needs */
 
 /*
- * The seconds the slowest of `threads` threads takes to run `rounds` rounds of DOT_CHAINS
- * independent _mm512_dpbf16_ps (64 flops each) on registers, the threads starting together:
- * the bf16 dot-product peak is threads * rounds * DOT_CHAINS * 64 flops over that.
+ * GFLOP/s of `threads` threads (as many as the runtime starts) each running `rounds` rounds of
+ * DOT_CHAINS independent _mm512_dpbf16_ps (64 flops each) on registers, starting together:
+ * all their flops over the slowest thread's seconds.
  */
-double pc_bf16_dot_seconds(int threads, int64_t rounds) {
+double pc_bf16_dot_gflops(int threads, int64_t rounds) {
     double slowest = 0.0;
+    int team = 1;
 #pragma omp parallel num_threads(threads > 0 ? threads : 1) reduction(max : slowest)
     {
         const __m512bh ones = (__m512bh)_mm512_set1_epi32(0x3F803F80); /* bf16 pairs (1, 1) */
         __m512 acc[DOT_CHAINS];
 #pragma GCC unroll 24
         for (int i = 0; i < DOT_CHAINS; i++) acc[i] = _mm512_setzero_ps();
-#pragma omp barrier
+#pragma omp single
+        team = omp_get_num_threads(); /* the single's barrier starts the clocks together */
         const double start = omp_get_wtime();
         for (int64_t r = 0; r < rounds; r++) {
 #pragma GCC unroll 24
@@ -57,5 +59,6 @@ double pc_bf16_dot_seconds(int threads, int64_t rounds) {
         }
         slowest = omp_get_wtime() - start;
     }
-    return slowest;
+    const double flops = (double)team * (double)rounds * DOT_CHAINS * 64.0;
+    return slowest > 0.0 ? flops / slowest / 1e9 : 0.0;
 }

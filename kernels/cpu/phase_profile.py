@@ -15,6 +15,7 @@ nothing but the bf16 dot-product instruction the GEMMs and the attention are bui
 from __future__ import annotations
 
 import ctypes
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -54,9 +55,6 @@ def phase_profile() -> Iterator[dict[str, float]]:
         seconds.update(zip(PHASES, counters, strict=True))
 
 
-DOT_FLOPS_PER_ROUND = 24 * 64  # DOT_CHAINS instructions of 16 lanes x 2 products x 2 flops
-
-
 def bf16_dot_peak(threads: int | None = None, seconds: float = 0.05, repeats: int = 5) -> float:
     """GFLOP/s of ``threads`` threads (torch's count by default) issuing only independent
     ``vdpbf16ps`` on registers: the ceiling of every bf16 kernel here on this machine. The best
@@ -68,8 +66,8 @@ def bf16_dot_peak(threads: int | None = None, seconds: float = 0.05, repeats: in
     team = threads if threads is not None else torch.get_num_threads()
     if team < 1 or seconds <= 0 or repeats < 1:
         raise ValueError("threads, seconds and repeats must be positive")
-    rounds = 10_000
-    took = lib.pc_bf16_dot_seconds(team, rounds)
-    rounds = max(rounds, int(rounds * seconds / max(took, 1e-9)))
-    fastest = min(lib.pc_bf16_dot_seconds(team, rounds) for _ in range(repeats))
-    return team * rounds * DOT_FLOPS_PER_ROUND / fastest / 1e9
+    probe = 10_000  # rounds: about a millisecond, to size the runs to `seconds`
+    start = time.perf_counter()
+    lib.pc_bf16_dot_gflops(team, probe)
+    rounds = max(probe, int(probe * seconds / max(time.perf_counter() - start, 1e-9)))
+    return max(lib.pc_bf16_dot_gflops(team, rounds) for _ in range(repeats))
