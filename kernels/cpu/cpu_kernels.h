@@ -39,6 +39,7 @@ typedef struct {
     int64_t num_blocks, block_bytes; /* entries of blocks; bytes of a block of K (= of V) */
     const bf16 *next_w;              /* the packed weight of the GEMM that follows, or NULL */
     int64_t next_k_pairs, next_n_out; /* its input pairs and output columns (same rows) */
+    int next_gated; /* it is pc_linear_swiglu's [gate; up]: a thread starts on two strips */
 } gemm_prefetch;
 void pc_linear_prefetching(const bf16 *x, int64_t x_stride, int64_t rows, int64_t k_pairs,
                            const bf16 *packed, int64_t n_out, const bf16 *bias, bf16 *out,

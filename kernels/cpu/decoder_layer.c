@@ -96,9 +96,11 @@ static const int32_t *context_blocks(const layer_args *a, int64_t *n, int32_t **
     return *owned;
 }
 
-/* A prefetch of only the strip that `w` (k_pairs x n_out, packed) first hands this thread. */
-static gemm_prefetch then_gemm(const bf16 *w, int64_t k_pairs, int64_t n_out) {
-    return (gemm_prefetch){.next_w = w, .next_k_pairs = k_pairs, .next_n_out = n_out};
+/* A prefetch of only the strips that `w` (k_pairs x n_out, packed) first hands this thread:
+ * one, or a gate strip and its up strip when `w` is pc_linear_swiglu's [gate; up] (gated). */
+static gemm_prefetch then_gemm(const bf16 *w, int64_t k_pairs, int64_t n_out, int gated) {
+    return (gemm_prefetch){
+        .next_w = w, .next_k_pairs = k_pairs, .next_n_out = n_out, .next_gated = gated};
 }
 
 /* The layer after the attention, for `rows` rows: out = MLP(rms_norm(residual += attended
@@ -110,12 +112,12 @@ static void mlp_half(const layer_args *a, const layer_args *next, int64_t rows,
     const int64_t H = a->hidden, attn_w = a->heads * a->head_dim, gu_w = 2 * a->inter;
     const int nt = (int)a->threads;
     bf16 *projected = gate_up;
-    const gemm_prefetch to_gate_up = then_gemm(a->gate_up_w, H / 2, gu_w);
-    const gemm_prefetch to_down = then_gemm(a->down_w, a->inter / 2, H);
+    const gemm_prefetch to_gate_up = then_gemm(a->gate_up_w, H / 2, gu_w, 1);
+    const gemm_prefetch to_down = then_gemm(a->down_w, a->inter / 2, H, 0);
     const gemm_prefetch to_next = next ? then_gemm(next->qkv_w, next->hidden / 2,
                                                    (next->heads + 2 * next->kv_heads) *
-                                                       next->head_dim)
-                                       : then_gemm(NULL, 0, 0);
+                                                       next->head_dim, 0)
+                                       : then_gemm(NULL, 0, 0, 0);
     double clock = pc_phase_start();
     pc_linear_prefetching(attended, attn_w, rows, attn_w / 2, a->o_w, H, NULL, projected, H, nt,
                           &to_gate_up);
@@ -177,7 +179,7 @@ static int decoder_layer(const layer_args *a, const layer_args *next, const int3
     double clock = pc_phase_start();
     pc_rms_norm(a->delta, H, a->residual, H, a->input_norm, normed, H, T, H, eps, (int)nt);
     pc_phase_end(PC_PHASE_NORMS, &clock);
-    gemm_prefetch to_attention = then_gemm(a->num_out < 0 ? a->o_w : NULL, attn_w / 2, H);
+    gemm_prefetch to_attention = then_gemm(a->num_out < 0 ? a->o_w : NULL, attn_w / 2, H, 0);
     to_attention.k_pool = (const char *)a->k_cache;
     to_attention.v_pool = (const char *)a->v_cache;
     to_attention.blocks = blocks;

@@ -17,8 +17,8 @@
  * slower core does not hold the other one at the join.
  * pc_linear_prefetching's tiles, once nothing of their own is left to fetch, go on to bring
  * into L2 what the thread reads right after the GEMM: KV pool blocks (the attention's packing
- * of a cached prefix, which would otherwise wait for memory), then its first strip of the
- * GEMM that follows.
+ * of a cached prefix, which would otherwise wait for memory), then the strips it reads first in
+ * the GEMM that follows (a gate strip and its up strip when that is pc_linear_swiglu).
  *
  * pc_linear_swiglu runs a gate_up projection ([gate; up] rows, `inter` each) with SiLU-and-mul
  * in the epilogue: its items are pairs of strips (gate strip s, up strip s + inter / 64), each
@@ -51,11 +51,13 @@ typedef struct {
 } linear_problem;
 
 /* A thread's walk over the byte ranges it brings into L2 for what follows the GEMM: K then V
- * of pool entries [entry / 2, entry_end / 2), then `then` (then_bytes). */
+ * of pool entries [entry / 2, entry_end / 2), then the strips `then` (then_bytes each; a
+ * gated GEMM's thread starts on a gate strip and its up strip, another's on one strip). */
 typedef struct {
     const gemm_prefetch *ahead;
     int64_t entry, entry_end; /* entry 2 i: K of ahead->blocks[i], 2 i + 1: its V */
-    const char *then;
+    const char *then[2];      /* NULL: none */
+    int then_next;            /* the entry of `then` the walk takes next */
     int64_t then_bytes;
     const char *at; /* the current range, `left` bytes from at */
     int64_t left;
@@ -69,9 +71,8 @@ static void walk_next_range(prefetch_walk *w) {
         w->at = (e % 2 ? a->v_pool : a->k_pool) + a->blocks[e / 2] * a->block_bytes;
         w->left = a->block_bytes;
     } else {
-        w->at = w->then;
-        w->left = w->then ? w->then_bytes : 0;
-        w->then = NULL;
+        w->at = w->then_next < 2 ? w->then[w->then_next++] : NULL;
+        w->left = w->at ? w->then_bytes : 0;
     }
 }
 
@@ -216,7 +217,7 @@ static row_split split_rows(int64_t rows, int64_t strips, int nt) {
  * POOL_PREFETCH_MAX bytes, then the strip it reads first in the next GEMM (of `rows` rows). */
 static prefetch_walk start_walk(const gemm_prefetch *ahead, int64_t rows, int64_t tid,
                                 int64_t team) {
-    prefetch_walk w = {ahead, 0, 0, NULL, 0, NULL, 0};
+    prefetch_walk w = {ahead, 0, 0, {NULL, NULL}, 0, 0, NULL, 0};
     if (!ahead) return w;
     if (ahead->num_blocks > 0 && ahead->block_bytes > 0) {
         const int64_t n = ahead->num_blocks, lo = n * tid / team, hi = n * (tid + 1) / team;
@@ -226,11 +227,17 @@ static prefetch_walk start_walk(const gemm_prefetch *ahead, int64_t rows, int64_
     }
     if (ahead->next_w && rows > TILE_M) {
         const int64_t strips = (ahead->next_n_out + STRIP - 1) / STRIP;
-        const row_split sp = split_rows(rows, strips, (int)team);
+        /* pc_linear_swiglu's items are pairs (gate strip s, up strip s + strips / 2) */
+        const int gated = ahead->next_gated && ahead->next_n_out % (2 * STRIP) == 0;
+        const int64_t units = gated ? strips / 2 : strips;
+        const row_split sp = split_rows(rows, units, (int)team);
         const int64_t first_item = sp.items * tid / team;
         w.then_bytes = ahead->next_k_pairs * STRIP * 4;
-        if (first_item < sp.items)
-            w.then = (const char *)ahead->next_w + first_item / sp.chunks * w.then_bytes;
+        if (first_item < sp.items) {
+            const int64_t unit = first_item / sp.chunks;
+            w.then[0] = (const char *)ahead->next_w + unit * w.then_bytes;
+            if (gated) w.then[1] = (const char *)ahead->next_w + (units + unit) * w.then_bytes;
+        }
     }
     walk_next_range(&w);
     return w;
