@@ -18,6 +18,7 @@ from .packed_linear import PackedLinear
 
 if TYPE_CHECKING:
     from prefixcache.kernels.cpu.greedy_screen import GreedyScreen
+    from prefixcache.kernels.cpu.huge_pages import HugePageArena
 
 
 def greedy_screen_enabled() -> bool:
@@ -26,9 +27,11 @@ def greedy_screen_enabled() -> bool:
     return value not in ("0", "false", "off", "no")
 
 
-def build_greedy_screen(head: PackedLinear | None) -> GreedyScreen | None:
-    """The screening copy of a head the compiled bf16 GEMM runs, or None (no such head, the
-    screen turned off, or no AVX512-VNNI)."""
+def build_greedy_screen(
+    head: PackedLinear | None, arena: HugePageArena | None = None
+) -> GreedyScreen | None:
+    """The screening copy (in ``arena`` if given) of a head the compiled bf16 GEMM runs, or
+    None (no such head, the screen turned off, or no AVX512-VNNI)."""
     if head is None or not head.compiled or head.bias is not None or not greedy_screen_enabled():
         return None
     kernels = cpu_kernels()
@@ -36,5 +39,6 @@ def build_greedy_screen(head: PackedLinear | None) -> GreedyScreen | None:
         return None
     from prefixcache.kernels.reference.linear import unpack_linear_weight
 
-    return kernels.GreedyScreen.of(unpack_linear_weight(head.packed, head.out_features))
+    weight = unpack_linear_weight(head.packed, head.out_features)
+    return kernels.GreedyScreen.of(weight, arena)
 

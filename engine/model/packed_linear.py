@@ -18,12 +18,16 @@ every call; a pre-packed weight skips that. Two kernels hold packed weights:
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor, nn
 
 from prefixcache.kernels.dispatch import cpu_kernels, get_kernel_backend
 from prefixcache.kernels.reference.linear import pack_linear_weight
+
+if TYPE_CHECKING:
+    from prefixcache.kernels.cpu.huge_pages import HugePageArena
 
 PACKABLE_DTYPES = (torch.float32, torch.bfloat16)
 
@@ -47,7 +51,9 @@ class PackedLinear(nn.Module):
     assignments, not writes to ``packed``).
     """
 
-    def __init__(self, weight: Tensor, bias: Tensor | None) -> None:  # weight [out, in]
+    def __init__(
+        self, weight: Tensor, bias: Tensor | None, arena: HugePageArena | None = None
+    ) -> None:  # weight [out, in]; the compiled GEMM's packed copy goes into `arena` if given
         super().__init__()
         self.out_features, self.in_features = weight.shape
         weight = weight.detach()
@@ -57,6 +63,8 @@ class PackedLinear(nn.Module):
         )
         if self.compiled:
             self.packed = pack_linear_weight(weight)  # [ceil(out / 64), in / 2, 64, 2]
+            if arena is not None:
+                self.packed = arena.copy(self.packed)
         else:
             self.packed = torch.ops.mkldnn._reorder_linear_weight(weight, None)
         self.bias = None if bias is None else nn.Parameter(bias.detach(), requires_grad=False)
@@ -74,9 +82,10 @@ class PackedLinear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, {kernel}"
 
 
-def pack_linear_layers(model: nn.Module) -> int:
-    """Replace every CPU ``nn.Linear`` of ``model`` in a packable dtype by a ``PackedLinear``;
-    returns how many were replaced (0 when packing is unavailable)."""
+def pack_linear_layers(model: nn.Module, arena: HugePageArena | None = None) -> int:
+    """Replace every CPU ``nn.Linear`` of ``model`` in a packable dtype by a ``PackedLinear``
+    (packed weights in ``arena`` if given); returns how many were replaced (0 when packing is
+    unavailable)."""
     if not weight_packing_available():
         return 0
     targets = [
@@ -88,5 +97,5 @@ def pack_linear_layers(model: nn.Module) -> int:
         and child.weight.dtype in PACKABLE_DTYPES
     ]
     for parent, name, child in targets:
-        setattr(parent, name, PackedLinear(child.weight, child.bias))
+        setattr(parent, name, PackedLinear(child.weight, child.bias, arena))
     return len(targets)

@@ -3,9 +3,9 @@ first use (see ``build``) and called through ctypes. Paged attention (``paged_at
 the decoder's elementwise ops on bf16 (``model_ops``: RMSNorm with the residual add, RoPE,
 SiLU-and-mul, KV writes into a bf16 pool), its bf16 projections (``linear``: a GEMM over a
 weight packed once; ``greedy_screen``: greedy decoding's argmax from an int8 copy of the output
-head), and all of them chained into decoder layers, a run of layers per call
-(``decoder_layer``), whose time per phase ``phase_profile`` measures (against the machine's
-bf16 peak, ``bf16_dot_peak``).
+head; ``huge_pages``: memory for such large operands on 2 MB pages), and all of them chained
+into decoder layers, a run of layers per call (``decoder_layer``), whose time per phase
+``phase_profile`` measures (against the machine's bf16 peak, ``bf16_dot_peak``).
 
 ``cpu_attention_available()`` says whether they can run here (x86-64 Linux, AVX-512 F/BW/VL
 and AVX512-BF16, gcc; ``PREFIXCACHE_CPU_KERNELS=0`` turns them off); ``cpu_kernel_supports``
@@ -28,6 +28,7 @@ from prefixcache.kernels.cpu.greedy_screen import (
     greedy_screen_available,
     screened_argmax,
 )
+from prefixcache.kernels.cpu.huge_pages import HugePageArena, huge_pages_available
 from prefixcache.kernels.cpu.linear import cpu_linear_supports, linear_cpu
 from prefixcache.kernels.cpu.model_ops import (
     BlockCopier,
@@ -51,6 +52,7 @@ __all__ = [
     "PHASES",
     "BlockCopier",
     "GreedyScreen",
+    "HugePageArena",
     "LayerWeights",
     "PagedStep",
     "add_rms_norm_cpu_",
@@ -64,6 +66,7 @@ __all__ = [
     "decoder_layers_cpu",
     "fused_layer_supported",
     "greedy_screen_available",
+    "huge_pages_available",
     "linear_cpu",
     "paged_decode_attention_cpu",
     "paged_prefill_attention_cpu",

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from prefixcache.kernels.cpu.build import cpu_flags, load_library
+from prefixcache.kernels.cpu.huge_pages import HugePageArena
 from prefixcache.kernels.reference.linear import STRIP
 
 SCREEN_ROWS_MAX = 4  # rows one screen takes (beyond, it costs about what the full head does)
@@ -46,9 +47,10 @@ class GreedyScreen:
     in_features: int
 
     @classmethod
-    def of(cls, weight: torch.Tensor) -> GreedyScreen:  # weight [out, in] CPU bf16
-        """The screening copy of ``weight``; ValueError for anything but a CPU bf16 matrix
-        with at most 65,536 input features, RuntimeError where the screen cannot run."""
+    def of(cls, weight: torch.Tensor, arena: HugePageArena | None = None) -> GreedyScreen:
+        """The screening copy of ``weight`` ``[out, in]`` (CPU bf16), in ``arena``'s memory when
+        one is given; ValueError for anything but a CPU bf16 matrix with at most 65,536 input
+        features, RuntimeError where the screen cannot run."""
         if weight.dtype is not torch.bfloat16 or not weight.is_cpu or weight.dim() != 2:
             raise ValueError(f"the head must be a CPU bf16 matrix, got {weight.dtype}")
         out_features, in_features = weight.shape
@@ -58,8 +60,9 @@ class GreedyScreen:
             raise RuntimeError("the greedy screen needs the compiled kernels and AVX512-VNNI")
         weight = weight.detach().contiguous()
         strips = -(-out_features // STRIP)
-        q = torch.empty((strips, -(-in_features // 4), STRIP, 4), dtype=torch.int8)
-        meta = torch.empty((4, strips * STRIP), dtype=torch.float32)
+        empty = torch.empty if arena is None else arena.empty
+        q = empty((strips, -(-in_features // 4), STRIP, 4), dtype=torch.int8)
+        meta = empty((4, strips * STRIP), dtype=torch.float32)
         status = load_library().pc_screen_pack(
             weight.data_ptr(), out_features, in_features, q.data_ptr(), meta.data_ptr(),
             torch.get_num_threads(),

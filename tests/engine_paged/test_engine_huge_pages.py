@@ -1,0 +1,36 @@
+"""The model's packed weights and greedy screen in huge-page-advised memory: placed there when
+the machine offers huge pages, and computing exactly what ordinary memory computes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from memory_mappings import vm_flags_of
+
+from prefixcache.engine import LLM, SamplingParams
+from prefixcache.kernels.cpu import huge_pages_available
+
+needs_huge_pages = pytest.mark.skipif(
+    not huge_pages_available(), reason="no transparent huge pages on this machine"
+)
+
+
+@needs_huge_pages
+def test_packed_weights_in_huge_pages_give_the_same_tokens(
+    tiny_llama_hd64_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    params = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
+    prompts = [[5, 6, 7, 8, 9] * 3, [11, 12, 13]]
+    llm = LLM(str(tiny_llama_hd64_dir), dtype="bfloat16", num_blocks=64, block_size=4)
+    model = llm.engine.runner.model
+    packed = model.layers[0].mlp.gate_up_proj.packed
+    assert "hg" in vm_flags_of(packed.data_ptr())
+    if model.greedy_screen is not None:
+        assert "hg" in vm_flags_of(model.greedy_screen.q.data_ptr())
+    placed = [out.outputs[0].token_ids for out in llm.generate(prompts, params)]
+    monkeypatch.setenv("PREFIXCACHE_HUGE_PAGES", "0")
+    plain_llm = LLM(str(tiny_llama_hd64_dir), dtype="bfloat16", num_blocks=64, block_size=4)
+    plain = plain_llm.engine.runner.model.layers[0].mlp.gate_up_proj.packed
+    assert "hg" not in vm_flags_of(plain.data_ptr())
+    assert [out.outputs[0].token_ids for out in plain_llm.generate(prompts, params)] == placed
