@@ -1,8 +1,9 @@
-"""Memory for the CPU kernels' large read-only operands (packed weights, the greedy screen's
-int8 head) that the kernel may back with 2 MB pages.
+"""Memory for the CPU kernels' large operands (packed weights, the greedy screen's int8 head,
+the KV pool) that the kernel may back with 2 MB pages.
 
 A forward pass streams every weight once: with 4 KB pages SmolLM2's 270 MB of packed weights
-span 66,000 pages, a TLB miss and a page walk each, on top of the loads. Anonymous mappings
+span 66,000 pages, a TLB miss and a page walk each, on top of the loads; attending over a
+cached prefix reads its pool blocks, 6 KB each, wherever they lie. Anonymous mappings
 advised with ``MADV_HUGEPAGE`` get 2 MB pages when first written, wherever Linux's transparent
 huge pages are in "madvise" or "always" mode (no system setting changes). ``HugePageArena``
 hands out tensors from such mappings: bump allocation, 64-byte aligned, from chunks of at least
@@ -64,6 +65,14 @@ class HugePageArena:
             self._chunk, start = _map_chunk(max(nbytes, CHUNK_BYTES)), 0
         self._used = start + nbytes
         return self._chunk[start : start + nbytes].view(dtype).view(shape)
+
+    def zeros(self, shape: tuple[int, ...] | torch.Size, dtype: torch.dtype) -> torch.Tensor:
+        """A zero-filled contiguous tensor of ``shape`` and ``dtype``. Nothing is written: a
+        fresh mapping reads as zero and the arena never hands out the same bytes twice, so the
+        memory is taken as it is first written (a whole 2 MB page at once where huge)."""
+        if not self.enabled:
+            return torch.zeros(tuple(shape), dtype=dtype)
+        return self.empty(shape, dtype)
 
     def copy(self, tensor: torch.Tensor) -> torch.Tensor:
         """A contiguous copy of the CPU tensor ``tensor`` (same shape, dtype and values)."""

@@ -5,6 +5,7 @@ with the values asked for, outliving the arena, in mappings the kernel was told 
 from __future__ import annotations
 
 import gc
+import mmap
 
 import pytest
 import torch
@@ -55,7 +56,9 @@ def test_the_mappings_are_advised_for_huge_pages() -> None:
     tensor = HugePageArena().empty((1 << 20,), torch.float32)
     tensor.fill_(1.0)
     assert "hg" in vm_flags_of(tensor.data_ptr())  # MADV_HUGEPAGE
-    plain = torch.empty(1 << 20)
+    unadvised = mmap.mmap(-1, 4 << 20, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    plain = torch.frombuffer(unadvised, dtype=torch.float32)
+    plain.fill_(1.0)
     assert "hg" not in vm_flags_of(plain.data_ptr())
 
 
