@@ -64,10 +64,12 @@ class PagedKVCache:
         self.kv_cache_dtype = kv_cache_dtype
         self.dtype = kv_storage_dtype(kv_cache_dtype, dtype)
         layers = range(config.num_layers)
-        if torch.device(device).type == "cpu":  # on 2 MB pages where the OS offers them
+        if torch.device(device).type == "cpu":
+            # on 2 MB pages where the OS offers them; zeroed now, as torch.zeros would, so
+            # that the pages are faulted in at load, not by the first request to write a block
             arena = cpu_kernels().HugePageArena()
-            self.k = [arena.zeros(shape, self.dtype) for _ in layers]
-            self.v = [arena.zeros(shape, self.dtype) for _ in layers]
+            self.k = [arena.empty(shape, self.dtype).zero_() for _ in layers]
+            self.v = [arena.empty(shape, self.dtype).zero_() for _ in layers]
         else:
             self.k = [torch.zeros(shape, dtype=self.dtype, device=device) for _ in layers]
             self.v = [torch.zeros(shape, dtype=self.dtype, device=device) for _ in layers]

@@ -66,14 +66,6 @@ class HugePageArena:
         self._used = start + nbytes
         return self._chunk[start : start + nbytes].view(dtype).view(shape)
 
-    def zeros(self, shape: tuple[int, ...] | torch.Size, dtype: torch.dtype) -> torch.Tensor:
-        """A zero-filled contiguous tensor of ``shape`` and ``dtype``. Nothing is written: a
-        fresh mapping reads as zero and the arena never hands out the same bytes twice, so the
-        memory is taken as it is first written (a whole 2 MB page at once where huge)."""
-        if not self.enabled:
-            return torch.zeros(tuple(shape), dtype=dtype)
-        return self.empty(shape, dtype)
-
     def copy(self, tensor: torch.Tensor) -> torch.Tensor:
         """A contiguous copy of the CPU tensor ``tensor`` (same shape, dtype and values)."""
         out = self.empty(tensor.shape, tensor.dtype)
