@@ -11,7 +11,6 @@ import torch
 import torch.nn.functional as F
 
 from prefixcache.engine.model_config import ModelConfig
-from prefixcache.kernels.dispatch import cpu_kernels
 from prefixcache.kernels.quantization import is_quantized, kv_storage_dtype, scales_from_amax
 
 # Calibration: a fixed pseudo-random token sequence (no tokenizer or data needed) and the
@@ -64,15 +63,8 @@ class PagedKVCache:
         self.kv_cache_dtype = kv_cache_dtype
         self.dtype = kv_storage_dtype(kv_cache_dtype, dtype)
         layers = range(config.num_layers)
-        if torch.device(device).type == "cpu":
-            # on 2 MB pages where the OS offers them; zeroed now, as torch.zeros would, so
-            # that the pages are faulted in at load, not by the first request to write a block
-            arena = cpu_kernels().HugePageArena()
-            self.k = [arena.empty(shape, self.dtype).zero_() for _ in layers]
-            self.v = [arena.empty(shape, self.dtype).zero_() for _ in layers]
-        else:
-            self.k = [torch.zeros(shape, dtype=self.dtype, device=device) for _ in layers]
-            self.v = [torch.zeros(shape, dtype=self.dtype, device=device) for _ in layers]
+        self.k = [torch.zeros(shape, dtype=self.dtype, device=device) for _ in layers]
+        self.v = [torch.zeros(shape, dtype=self.dtype, device=device) for _ in layers]
         scale_shape = (config.num_kv_heads, config.head_dim)
         ones = [torch.ones(scale_shape, device=device) for _ in layers] if self.quantized else None
         self.k_scale: list[torch.Tensor | None] = ones or [None for _ in layers]
