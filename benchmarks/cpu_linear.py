@@ -5,7 +5,9 @@ Two measurements, both side by side in one run (the variants alternate, best of 
 
 1. streamed: the 121 projections of a SmolLM2-135M forward (30 layers x qkv 960x576, o 576x576,
    gate_up 3072x576, down 576x1536, then the 49152x576 output head), every weight distinct
-   (268 MB, far past the caches) as in a forward pass, for 1, 4, 16 and 64 rows;
+   (268 MB, far past the caches) as in a forward pass, for 1, 4, 16 and 64 rows; the compiled
+   GEMM's weights on ordinary 4 KB pages and, where the machine offers them, on 2 MB pages
+   (``HugePageArena``, as the engine places them);
 2. hot: one weight repeated (it stays in cache), per shape, for 1 to 1,637 rows: GFLOP/s.
 
     python benchmarks/cpu_linear.py [--quick] [--threads 2] [--repeats 5] \
@@ -26,7 +28,12 @@ from typing import Any
 import torch
 from bench_report import write_json
 
-from prefixcache.kernels.cpu import cpu_linear_supports, linear_cpu
+from prefixcache.kernels.cpu import (
+    HugePageArena,
+    cpu_linear_supports,
+    huge_pages_available,
+    linear_cpu,
+)
 from prefixcache.kernels.reference.linear import pack_linear_weight
 
 LAYER_SHAPES = [(960, 576), (576, 576), (3072, 576), (576, 1536)]  # (out, in) per layer
@@ -65,6 +72,8 @@ def streamed(repeats: int, row_counts: tuple[int, ...]) -> list[dict[str, Any]]:
     shapes = LAYER_SHAPES * LAYERS + [HEAD_SHAPE]
     weights = [torch.randn(n, k).div_(k**0.5).bfloat16() for n, k in shapes]
     ours = [pack_linear_weight(w) for w in weights]
+    arena = HugePageArena() if huge_pages_available() else None
+    ours_huge = [arena.copy(packed) for packed in ours] if arena else []
     theirs = [torch.ops.mkldnn._reorder_linear_weight(w, None) for w in weights]
     total_bytes = sum(w.numel() * 2 for w in weights)
     del weights
@@ -72,15 +81,20 @@ def streamed(repeats: int, row_counts: tuple[int, ...]) -> list[dict[str, Any]]:
     for rows in row_counts:
         inputs = {k: torch.randn(rows, k).bfloat16() for k in {k for _, k in shapes}}
 
-        def run_ours(inputs: dict[int, torch.Tensor] = inputs) -> None:
-            for (n, k), packed in zip(shapes, ours, strict=True):
+        def run_ours(
+            inputs: dict[int, torch.Tensor] = inputs, packed_weights: list[torch.Tensor] = ours
+        ) -> None:
+            for (n, k), packed in zip(shapes, packed_weights, strict=True):
                 linear_cpu(inputs[k], packed, n)
 
         def run_onednn(inputs: dict[int, torch.Tensor] = inputs) -> None:
             for (_, k), packed in zip(shapes, theirs, strict=True):
                 onednn(inputs[k], packed)
 
-        t = best_of({"compiled": run_ours, "onednn": run_onednn}, repeats)
+        variants = {"compiled": run_ours, "onednn": run_onednn}
+        if ours_huge:
+            variants["compiled_huge_pages"] = partial(run_ours, inputs, ours_huge)
+        t = best_of(variants, repeats)
         row = {
             "rows": rows,
             "compiled_ms": t["compiled"] * 1e3,
@@ -88,11 +102,19 @@ def streamed(repeats: int, row_counts: tuple[int, ...]) -> list[dict[str, Any]]:
             "ratio": t["compiled"] / t["onednn"],
             "compiled_weight_gb_s": total_bytes / t["compiled"] / 1e9,
         }
+        huge = ""
+        if ours_huge:
+            row["compiled_huge_pages_ms"] = t["compiled_huge_pages"] * 1e3
+            row["huge_vs_4k_pages"] = t["compiled_huge_pages"] / t["compiled"]
+            huge = (
+                f"; on 2 MB pages {row['compiled_huge_pages_ms']:7.2f} ms "
+                f"({row['huge_vs_4k_pages']:.3f}x)"
+            )
         rows_out.append(row)
         print(
             f"streamed forward, {rows:4d} rows: compiled {row['compiled_ms']:7.2f} ms "
             f"({row['compiled_weight_gb_s']:4.1f} GB/s of weights), oneDNN "
-            f"{row['onednn_ms']:7.2f} ms, ratio {row['ratio']:.2f}"
+            f"{row['onednn_ms']:7.2f} ms, ratio {row['ratio']:.2f}{huge}"
         )
     return rows_out
 
