@@ -37,7 +37,12 @@ def to_token_ids(
 ) -> list[int]:
     """Encode a text prompt (or check a token prompt): non-empty, ids in the vocabulary, and
     at most ``max_model_len - 1`` tokens so at least one token can be generated."""
-    token_ids = encode(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
+    if isinstance(prompt, str):
+        token_ids = encode(prompt)
+    elif set(map(type, prompt)) <= {int}:
+        token_ids = list(prompt)  # plain ints already (the common case: one pass in C)
+    else:
+        token_ids = [int(t) for t in prompt]
     if not token_ids:
         raise ValueError("the prompt is empty")
     if min(token_ids) < 0 or max(token_ids) >= vocab_size:
