@@ -2,15 +2,16 @@
 int8 head) that the kernel may back with 2 MB pages.
 
 A forward pass streams every weight once: with 4 KB pages SmolLM2's 270 MB of packed weights
-span 66,000 pages, a TLB miss and a page walk each, on top of the loads. (The KV pool stays on
-ordinary pages: zeroing a pool of 2 MB pages at load took about a second longer, and no warm
-request measured faster for it.) Anonymous mappings
+span 66,000 pages, a TLB miss and a page walk each, on top of the loads. Anonymous mappings
 advised with ``MADV_HUGEPAGE`` get 2 MB pages when first written, wherever Linux's transparent
 huge pages are in "madvise" or "always" mode (no system setting changes). ``HugePageArena``
 hands out tensors from such mappings: bump allocation, 64-byte aligned, from chunks of at least
 ``CHUNK_BYTES`` (only the pages written take memory). A chunk is unmapped once the last tensor
 cut from it is gone. Where huge pages are unavailable, or with ``PREFIXCACHE_HUGE_PAGES=0``,
 the arena hands out ordinary tensors.
+
+The KV pool stays on ordinary pages: zeroing a pool of 2 MB pages at load took about a second
+longer, and no warm request measured faster for it.
 """
 
 from __future__ import annotations
@@ -60,7 +61,7 @@ class HugePageArena:
         count = 1
         for size in shape:
             count *= size
-        nbytes = count * torch.empty((), dtype=dtype).element_size()
+        nbytes = count * dtype.itemsize
         start = -(-self._used // ALIGN) * ALIGN
         if self._chunk is None or start + nbytes > self._chunk.numel():
             self._chunk, start = _map_chunk(max(nbytes, CHUNK_BYTES)), 0
