@@ -171,10 +171,14 @@ class CausalLM(nn.Module):
         fused = self._fused_run(attention, hidden)
         if fused is not None and (output_rows is None or output_rows is fused[1].sample_rows):
             # every layer as one compiled call: the same kernels and results as op by op
+            # the final norm in the same call where its weight is as the layers' norms
+            final = self.norm.weight
+            fold = final.dtype is torch.bfloat16 and final.is_cpu and final.is_contiguous()
             hidden, residual = cpu_kernels().decoder_layers_cpu(
-                hidden, None, cos_sin, *fused, sampled_rows_only=output_rows is not None
+                hidden, None, cos_sin, *fused, sampled_rows_only=output_rows is not None,
+                final_norm=(final, self.norm.eps) if fold else None,
             )
-            return self.norm.add_and_norm_(hidden, residual)
+            return hidden if fold else self.norm.add_and_norm_(hidden, residual)
         *body, last = self.layers
         for layer in body:
             hidden, residual = layer(hidden, residual, cos_sin, attention)

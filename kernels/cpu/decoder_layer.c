@@ -51,6 +51,10 @@ typedef struct {
     const int32_t *out_tables;
     int64_t out_tables_stride, out_max_blocks;
     const int32_t *out_lens; /* [num_out]: keys each row sees, itself included */
+    /* the model's final norm (step only; NULL: none): after the last layer, out = rms_norm(
+     * stream += out) over the rows that went through it, as the norms between layers do */
+    const bf16 *final_norm; /* [hidden] */
+    double final_eps;
 } layer_args;
 
 static __thread void *tls_buf = NULL;
@@ -222,8 +226,10 @@ static int decoder_layer(const layer_args *a, const layer_args *next, const int3
  * and pools; `step` the fields every layer shares (tokens, threads, delta, residual, out,
  * cos_sin, scale, num_out, and the tail from slots on). Layer 0 reads step->delta over
  * step->residual (NULL: delta becomes the stream); every later one reads the previous out,
- * over the stream; only the last one takes step->num_out (the others -1). Returns 0, or the
- * first failing layer's code (see decoder_layer) with *failed set to its index. */
+ * over the stream; only the last one takes step->num_out (the others -1). With
+ * step->final_norm, the last layer's out is then added to the stream and normalized in place.
+ * Returns 0, or the first failing layer's code (see decoder_layer) with *failed set to its
+ * index. */
 int pc_decoder_layers(const layer_args *layers, int64_t n, const layer_args *step,
                       int64_t *failed) {
     if (n <= 0) return 0;
@@ -249,5 +255,13 @@ int pc_decoder_layers(const layer_args *layers, int64_t n, const layer_args *ste
         if (err) *failed = i;
     }
     free(owned);
+    if (!err && step->final_norm) {
+        const int64_t H = layers[0].hidden;
+        const int64_t rows = step->num_out >= 0 ? step->num_out : step->tokens;
+        double clock = pc_phase_start();
+        pc_rms_norm(step->out, H, stream, H, step->final_norm, step->out, H, rows, H,
+                    (float)step->final_eps, (int)step->threads);
+        pc_phase_end(PC_PHASE_NORMS, &clock);
+    }
     return err;
 }

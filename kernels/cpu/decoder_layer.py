@@ -145,6 +145,7 @@ class _LayerArgs(ctypes.Structure):
         ("num_out", ctypes.c_int64), ("out_rows", ctypes.c_void_p),
         ("out_tables", ctypes.c_void_p), ("out_tables_stride", ctypes.c_int64),
         ("out_max_blocks", ctypes.c_int64), ("out_lens", ctypes.c_void_p),
+        ("final_norm", ctypes.c_void_p), ("final_eps", ctypes.c_double),
     ]  # fmt: skip
 
 
@@ -242,14 +243,18 @@ def decoder_layers_cpu(
     k_caches: Sequence[torch.Tensor],  # each [num_blocks, block_size, num_kv_heads, head_dim]
     v_caches: Sequence[torch.Tensor],  # each [num_blocks, block_size, num_kv_heads, head_dim]
     sampled_rows_only: bool = False,
+    final_norm: tuple[torch.Tensor, float] | None = None,  # ([hidden] bf16 weight, eps)
 ) -> tuple[torch.Tensor, torch.Tensor]:  # (mlp_out, residual), each [num_tokens or R, hidden]
     """Decoder layers ``layers[i]`` over pools ``k_caches[i]`` / ``v_caches[i]``, one after the
     other in one compiled call: the last layer's MLP output and the residual stream before it
     is added. ``residual`` is updated in place; without one (the model's first layer)
     ``delta`` becomes the stream. The new tokens' k/v are written into every layer's pool.
     With ``sampled_rows_only`` the last layer goes on past its KV write for ``step.sample_rows``
-    alone, and both results have one row per sampled row. ValueError for bad inputs, slots or
-    tables (the pools up to the failing layer may then hold the new k/v)."""
+    alone, and both results have one row per sampled row. With ``final_norm`` the same call
+    then adds the MLP output to the stream and normalizes it (the model's last norm, as
+    ``add_rms_norm_``): the first result is the normed hidden state, the second the stream
+    after the add. ValueError for bad inputs, slots or tables (the pools up to the failing
+    layer may then hold the new k/v)."""
     count = len(layers)
     if count == 0 or len(k_caches) != count or len(v_caches) != count:
         raise ValueError("need one K and one V pool per layer, and at least one layer")
@@ -273,6 +278,9 @@ def decoder_layers_cpu(
         ):
             raise ValueError(f"sample_rows must be ascending rows of the {tokens} tokens")
         call.num_out = sampled
+    if final_norm is not None:
+        weight, eps = final_norm
+        call.final_norm, call.final_eps = _rows("final_norm", weight, (hidden,)), eps
     lib = load_library()
     if lib is None:
         raise RuntimeError("the compiled CPU kernels are unavailable on this machine")

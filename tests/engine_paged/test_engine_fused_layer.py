@@ -97,6 +97,37 @@ def test_a_bad_slot_raises_and_the_engine_keeps_serving(tiny_llama_hd64_dir: Pat
     assert again[0].token_ids == out[0].token_ids
 
 
+def test_the_final_norm_in_the_call_equals_the_separate_norm(tiny_llama_hd64_dir: Path) -> None:
+    """``final_norm`` gives bitwise what the model's last ``add_and_norm_`` gives after the
+    layers, the stream included; a weight of the wrong shape is refused."""
+    llm = LLM(str(tiny_llama_hd64_dir), dtype="bfloat16", num_blocks=32, block_size=4)
+    model, kv = llm.engine.runner.model, llm.engine.runner.kv
+    weights = [layer.fused_weights() for layer in model.layers]
+    step = cpu_kernels().PagedStep(
+        torch.tensor([0, 1, 2, 3, 4]), 0, torch.zeros(0, 1, dtype=torch.int32),
+        torch.zeros(0, dtype=torch.int32), torch.tensor([[0, 1]], dtype=torch.int32),
+        torch.tensor([0, 5], dtype=torch.int32), torch.zeros(1, dtype=torch.int32), 0.125,
+        torch.tensor([4]), torch.tensor([[0, 1]], dtype=torch.int32),
+        torch.tensor([5], dtype=torch.int32),
+    )  # fmt: skip
+    torch.manual_seed(0)
+    hidden = torch.randn(5, model.config.hidden_size).to(torch.bfloat16)  # [5, hidden]
+    cos_sin = model.rotary.cos_sin(torch.arange(5), torch.bfloat16)  # [5, 2, head_dim]
+    run = cpu_kernels().decoder_layers_cpu
+    for rows_only in (False, True):
+        out, stream = run(hidden.clone(), None, cos_sin, weights, step, kv.k, kv.v,
+                          sampled_rows_only=rows_only)  # fmt: skip
+        expected = model.norm.add_and_norm_(out.clone(), stream)  # stream: += out
+        normed, added = run(hidden.clone(), None, cos_sin, weights, step, kv.k, kv.v,
+                            sampled_rows_only=rows_only,
+                            final_norm=(model.norm.weight, model.norm.eps))  # fmt: skip
+        assert normed.shape == expected.shape == (1 if rows_only else 5, hidden.shape[1])
+        assert torch.equal(normed, expected) and torch.equal(added, stream)
+    with pytest.raises(ValueError, match="final_norm"):
+        run(hidden.clone(), None, cos_sin, weights, step, kv.k, kv.v,
+            final_norm=(model.norm.weight[:-2], model.norm.eps))  # fmt: skip
+
+
 def test_a_projection_swapped_after_a_forward_reaches_the_fused_layers(
     tiny_llama_hd64_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
