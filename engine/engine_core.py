@@ -58,13 +58,18 @@ class EngineCore:
         decode: Callable[[list[int]], str],
         eos_token_ids: tuple[int, ...],
         max_model_len: int,
+        prefix_stable_decode: bool = False,
     ) -> None:
+        """``prefix_stable_decode``: ``decode`` is byte-level (``Tokenizer.decode_concatenates``),
+        so a request's text is kept up to date by decoding only its new tokens
+        (``SequenceText``)."""
         self.scheduler = scheduler
         self.runner = runner
         self.cache: PrefixCache = scheduler.cache
         self.decode = decode
         self.eos_token_ids = eos_token_ids
         self.max_model_len = max_model_len
+        self.prefix_stable_decode = prefix_stable_decode
         self.groups: dict[str, _RequestGroup] = {}
         self._by_request: dict[Request, _RequestGroup] = {}
         self.num_finished = 0
@@ -84,11 +89,14 @@ class EngineCore:
         group = _RequestGroup(request_id, prompt, params)
         request = Request(request_id, prompt_token_ids, params, salt, arrival_time)
         group.samples.append(
-            _Sample(request, SequenceText(self.decode), make_generator(params.seed))
+            _Sample(request, self._new_text(), make_generator(params.seed))
         )
         self.groups[request_id] = group
         self._by_request[request] = group
         self.scheduler.add(request)
+
+    def _new_text(self) -> SequenceText:
+        return SequenceText(self.decode, self.prefix_stable_decode)
 
     def abort(self, request_id: str) -> RequestOutput | None:
         """Finish a request now and free its blocks; returns its final state (finish reason
@@ -171,7 +179,7 @@ class EngineCore:
         child.metrics.first_scheduled_time = parent.metrics.first_scheduled_time
         self.scheduler.fork(parent, child)
         seed = None if group.params.seed is None else group.params.seed + index
-        child_sample = _Sample(child, SequenceText(self.decode), make_generator(seed))
+        child_sample = _Sample(child, self._new_text(), make_generator(seed))
         group.samples.append(child_sample)
         self._by_request[child] = group
         return child_sample

@@ -89,7 +89,10 @@ class LLM:
         )
         runner = ModelRunner(loaded.model, self.kv, self.config.head_dim)
         eos = tuple(self.tokenizer.eos_token_ids or self.config.eos_token_ids)
-        self.engine = EngineCore(scheduler, runner, self.tokenizer.decode, eos, self.max_model_len)
+        self.engine = EngineCore(
+            scheduler, runner, self.tokenizer.decode, eos, self.max_model_len,
+            prefix_stable_decode=self.tokenizer.decode_concatenates,
+        )
         self._ids = itertools.count()
 
     # ------------------------------------------------------------------ generation

@@ -8,17 +8,45 @@ from prefixcache.engine.request import Request
 
 
 class SequenceText:
-    """The decoded output of one sequence; decodes lazily and only what is needed."""
+    """The decoded output of one sequence; decodes lazily and only what is needed.
 
-    def __init__(self, decode: Callable[[list[int]], str]) -> None:
+    ``text`` is always ``decode(output ids)``, with a trailing incomplete UTF-8 character
+    held back while the sequence runs. With ``prefix_stable`` (a decoder for which decoding
+    ids[:s], when that ends on a complete character, then ids[s:], gives the decoding of all
+    ids: byte-level BPE, see ``Tokenizer.decode_concatenates``) each update decodes only the
+    ids since the last complete character, so keeping a streamed sequence's text costs the
+    new tokens, not its whole output; otherwise every update decodes the whole output.
+    """
+
+    def __init__(self, decode: Callable[[list[int]], str], prefix_stable: bool = False) -> None:
         self._decode = decode
+        self._prefix_stable = prefix_stable
+        self._settled_text = ""  # decode of the first _settled ids, ending on a complete char
+        self._settled = 0
         self.text = ""
 
     def update(self, request: Request) -> str:
-        """Re-decode the output ids; a trailing incomplete UTF-8 character is held back."""
-        text = self._decode(request.output_token_ids)
-        self.text = text[:-1] if text.endswith("\ufffd") and not request.is_finished else text
+        """Bring ``text`` up to the request's output ids and return it."""
+        start = request.num_prompt_tokens + self._settled
+        tail = self._decode(request.tokens[start : request.num_tokens].tolist())
+        incomplete = tail.endswith("\ufffd")
+        if self._prefix_stable and tail and not incomplete:
+            self._settled_text += tail
+            self._settled = request.num_tokens - request.num_prompt_tokens
+            tail = ""
+        if incomplete and not request.is_finished:
+            tail = tail[:-1]
+        self.text = self._settled_text + tail
         return self.text
+
+    def search_start(self, previous_length: int, needle_length: int) -> int:
+        """Where a search for a string of ``needle_length`` characters must start so as to
+        find every occurrence that ends past ``previous_length`` characters of ``text``
+        (what an earlier update returned): text only grows at its end when it is prefix
+        stable, so earlier occurrences were seen before; otherwise anywhere (0)."""
+        if not self._prefix_stable:
+            return 0
+        return max(0, previous_length - needle_length + 1)
 
 
 def check_stop(
@@ -40,9 +68,10 @@ def check_stop(
         request.stop_reason = token
         return "stop"
     if params.stop:
+        searched = len(text.text)  # what earlier steps' searches covered
         current = text.update(request)
         for stop in params.stop:
-            found = current.find(stop)
+            found = current.find(stop, text.search_start(searched, len(stop)))
             if found >= 0:
                 end = found + len(stop) if params.include_stop_str_in_output else found
                 text.text = current[:end]

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from tokenizers import Tokenizer as BackendTokenizer
+from tokenizers import decoders
 
 from .gguf_tokenizer import tokenizer_from_gguf_metadata
 from .incremental_detokenizer import IncrementalDetokenizer
@@ -45,6 +46,14 @@ class Tokenizer:
         bos = metadata.get("tokenizer.ggml.bos_token_id")
         return cls(tokenizer_from_gguf_metadata(metadata), eos_token_ids=eos,
                    bos_token_id=None if bos is None else int(bos))
+
+    @property
+    def decode_concatenates(self) -> bool:
+        """Whether decoding ids[:s], when that ends on a complete character (not U+FFFD), then
+        ids[s:], and joining the two gives the decoding of all ids: true of byte-level BPE,
+        whose decoder maps tokens to bytes and reads them as UTF-8 (GPT-2, Llama 3, Qwen2,
+        SmolLM); not of decoders that strip or clean up spaces (SentencePiece-style)."""
+        return isinstance(self.backend.decoder, decoders.ByteLevel)
 
     @property
     def vocab_size(self) -> int:

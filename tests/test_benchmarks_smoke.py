@@ -107,3 +107,12 @@ def test_greedy_head_quick(tmp_path):
     assert 1 <= left["median"] <= left["max"] <= result["head"]["strips"]
     for side in ("screen", "full"):
         assert result["engine"][side]["tpot_s"] > 0 and result["engine"][side]["warm_ttft_s"] > 0
+
+
+def test_stream_text_quick(tmp_path):
+    result = run_quick("stream_text.py", tmp_path / "stream_text.json")
+    assert result["quick"] is True
+    assert set(result["results"]) == {"english_64", "mixed_64", "english_256", "mixed_256"}
+    for row in result["results"].values():
+        assert row["new_tokens_us"] > 0 and row["whole_us"] > 0
+        assert math.isclose(row["new_over_whole"], row["new_tokens_us"] / row["whole_us"])
