@@ -20,7 +20,14 @@ from prefixcache.eviction_index import MAX_PRIORITY, MIN_PRIORITY, EvictionIndex
 from prefixcache.hashing import BlockHasher, chain_block_hashes, xxh3_block_hasher
 from prefixcache.radix_node import RadixNode
 from prefixcache.radix_tree import NamespaceName, PathMatch, RadixTree
-from prefixcache.tokens import TokenIds, as_block_ids, as_token_array, check_block_count, check_salt
+from prefixcache.tokens import (
+    TokenIds,
+    as_block_id,
+    as_block_ids,
+    as_token_array,
+    check_block_count,
+    check_salt,
+)
 
 EVICTION_POLICIES = ("lru",)
 
@@ -248,7 +255,7 @@ class PrefixCache:
         makes no ``BlockStored`` event.
         """
         tokens = as_token_array(token_ids)
-        (block,) = as_block_ids([block_id], self.num_blocks).tolist()
+        block = as_block_id(block_id, self.num_blocks)
         full = len(tokens) // self.block_size
         if len(tokens) == full * self.block_size:
             return False
@@ -296,7 +303,7 @@ class PrefixCache:
         """Make ``block_id`` safe to write: shared (ref > 1) or cached (immutable) blocks get a
         new block, the old one loses this reference, and the runner must apply the CopyOp.
         A block held once and not cached is written in place: ``(block_id, None)``."""
-        (block,) = as_block_ids([block_id], self.num_blocks).tolist()
+        block = as_block_id(block_id, self.num_blocks)
         ref = int(self.pool.ref[block])
         if ref == 0:
             raise ValueError(f"cannot write block {block}: it is not in use")

@@ -73,6 +73,20 @@ def as_block_ids(block_ids: Sequence[int] | np.ndarray, num_blocks: int) -> np.n
     return array.astype(np.int32, copy=False)
 
 
+def as_block_id(block_id: int, num_blocks: int) -> int:
+    """One block id as an int after checking it lies in [0, num_blocks): what ``as_block_ids``
+    does for a one-element sequence, without building an array (a decode step checks one).
+
+    Raises TypeError for a non-integer (bools included) and ValueError for an unknown block id.
+    """
+    if isinstance(block_id, bool) or not isinstance(block_id, (int, np.integer)):
+        raise TypeError(f"block_ids must be ints, got {type(block_id).__name__}")
+    block = int(block_id)
+    if not 0 <= block < num_blocks:
+        raise ValueError(f"unknown block id {block} (pool has blocks 0..{num_blocks - 1})")
+    return block
+
+
 def check_salt(salt: object) -> None:
     """A cache salt is None (the shared namespace) or a string naming a tenant."""
     if salt is not None and not isinstance(salt, str):

@@ -226,6 +226,16 @@ def test_copy_on_write_unknown_block(cache: PrefixCache, bad: int) -> None:
     assert_rejected(cache, ValueError, lambda: cache.copy_on_write(bad))
 
 
+@pytest.mark.parametrize("bad", [True, 1.0, "1", None, [1], np.array([1])], ids=repr)
+def test_one_block_id_of_the_wrong_type_raises_type_error(cache: PrefixCache, bad: object) -> None:
+    """copy_on_write and insert_partial take one integer block id (numpy integers too)."""
+    held = cache.allocate(1)
+    assert_rejected(cache, TypeError, lambda: cache.copy_on_write(bad))  # type: ignore[arg-type]
+    assert_rejected(cache, TypeError, lambda: cache.insert_partial(PROMPT[:3], bad))  # type: ignore[arg-type]
+    assert cache.copy_on_write(np.int64(held[0])) == (held[0], None)
+    cache.release(held)
+
+
 def test_copy_on_write_unused_block(cache: PrefixCache) -> None:
     """copy_on_write of a block nobody holds (free or cached) is a ValueError."""
     free = cache.allocate(1)
