@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 from memory_mappings import vm_flags_of
 
 from prefixcache.engine import LLM, SamplingParams
@@ -25,12 +26,17 @@ def test_weights_in_huge_pages_give_the_same_tokens(
     llm = LLM(str(tiny_llama_hd64_dir), dtype="bfloat16", num_blocks=64, block_size=4)
     model = llm.engine.runner.model
     packed = model.layers[0].mlp.gate_up_proj.packed
-    assert "hg" in vm_flags_of(packed.data_ptr())
+    flags = vm_flags_of(packed.data_ptr())
+    assert "hg" in flags, f"packed weight at {packed.data_ptr():#x}: {sorted(flags)}"
     if model.greedy_screen is not None:
-        assert "hg" in vm_flags_of(model.greedy_screen.q.data_ptr())
+        flags = vm_flags_of(model.greedy_screen.q.data_ptr())
+        assert "hg" in flags, f"greedy screen: {sorted(flags)}"
     placed = [out.outputs[0].token_ids for out in llm.generate(prompts, params)]
     monkeypatch.setenv("PREFIXCACHE_HUGE_PAGES", "0")
     plain_llm = LLM(str(tiny_llama_hd64_dir), dtype="bfloat16", num_blocks=64, block_size=4)
     plain = plain_llm.engine.runner.model.layers[0].mlp.gate_up_proj.packed
-    assert "hg" not in vm_flags_of(plain.data_ptr())
-    assert [out.outputs[0].token_ids for out in plain_llm.generate(prompts, params)] == placed
+    flags = vm_flags_of(plain.data_ptr())
+    assert "hg" not in flags, f"plain weight at {plain.data_ptr():#x}: {sorted(flags)}"
+    assert torch.equal(plain, packed), "the two packings differ"
+    got = [out.outputs[0].token_ids for out in plain_llm.generate(prompts, params)]
+    assert got == placed, f"ordinary pages {got}, huge pages {placed}"
