@@ -170,8 +170,8 @@ class CausalLM(nn.Module):
         residual: Tensor | None = None
         fused = self._fused_run(attention, hidden)
         if fused is not None and (output_rows is None or output_rows is fused[1].sample_rows):
-            # every layer as one compiled call: the same kernels and results as op by op
-            # the final norm in the same call where its weight is as the layers' norms
+            # every layer, and the final norm where its weight is bf16 as the layers' norms
+            # are, as one compiled call: the same kernels and results as op by op
             final = self.norm.weight
             fold = final.dtype is torch.bfloat16 and final.is_cpu and final.is_contiguous()
             hidden, residual = cpu_kernels().decoder_layers_cpu(

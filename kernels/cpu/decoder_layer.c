@@ -9,6 +9,7 @@
  *   normed   = rms_norm(residual += attended Wo^T)
  *   out      = (silu(normed Wgate^T) * normed Wup^T) Wdown^T   (SiLU-and-mul in the GEMM)
  *
+ * and, after the last layer of the run, optionally the model's final norm on its output.
  * The same roundings as the separate ops, so the results are theirs exactly. Each GEMM's tiles
  * also bring into L2 what comes right after it (pc_linear_prefetching): the QKV projection the
  * pool blocks of the prefills' cached prefixes (which the attention then reads), every GEMM
