@@ -23,10 +23,16 @@ class SequenceText:
         self._prefix_stable = prefix_stable
         self._settled_text = ""  # decode of the first _settled ids, ending on a complete char
         self._settled = 0
+        self._updated_for: tuple[int, bool] | None = None  # (num_tokens, finished) of `text`
         self.text = ""
 
     def update(self, request: Request) -> str:
-        """Bring ``text`` up to the request's output ids and return it."""
+        """Bring ``text`` up to the request's output ids and return it (a step that checks
+        stop strings and then streams asks twice; the second call decodes nothing)."""
+        state = (request.num_tokens, request.is_finished)
+        if state == self._updated_for:
+            return self.text
+        self._updated_for = state
         start = request.num_prompt_tokens + self._settled
         tail = self._decode(request.tokens[start : request.num_tokens].tolist())
         incomplete = tail.endswith("\ufffd")
