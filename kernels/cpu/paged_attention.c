@@ -9,7 +9,8 @@
  * queries over few sequences leave threads idle (decode of one sequence: one item per kv head),
  * their keys are split into chunks (split-K): each chunk item leaves its unnormalized partial
  * output, running max and sum, and a merge pass combines the chunks of each row.
- * A row tile of up to RB rows is scored against KB keys at a time:
+ * A row tile of up to RB rows is scored against KB keys at a time (in a block some rows see
+ * only part of, the groups of 16 keys past the last one any row sees are not scored):
  *
  *   S = Q K^T   _mm512_dpbf16_ps, keys packed as [head_dim/2][KB][2] (16 keys x 2 dims a zmm,
  *               a query dim pair broadcast from memory)
@@ -390,6 +391,25 @@ typedef struct {
     __m512 l;    /* lane-wise partial sums of the probabilities */
 } row_state;
 
+/* S = Q K^T for R rows and the first NJ groups of 16 keys of the block (the others stay 0). */
+INLINE void qk_loop(const int R, const int PF, const int NJ, int D, const block_args *a,
+                    const scratch *sc, __m512 acc[RB][4]) {
+    const uint32_t *q32 = (const uint32_t *)sc->qt;
+    const uint32_t *kp = a->kp;
+    for (int d = 0; d < D / 2; d++, kp += KB) {
+        if (PF && a->pf_lines) prefetch_share(a->pfk, d, D / 2, a->pf_lines);
+        __m512bh kv[4];
+#pragma GCC unroll 4
+        for (int j = 0; j < NJ; j++) kv[j] = (__m512bh)_mm512_load_si512(kp + 16 * j);
+#pragma GCC unroll 8
+        for (int r = 0; r < R; r++) {
+            const uint32_t *qp = q32 + r * (MAX_D / 2) + d;
+#pragma GCC unroll 4
+            for (int j = 0; j < NJ; j++) DPBF16_BCAST(acc[r][j], kv[j], qp);
+        }
+    }
+}
+
 /* Scores, online softmax update, P into sc->pt, then O update, for R rows. */
 INLINE void block_step(const int R, const int PF, int D, float c, const block_args *a,
                        scratch *sc, row_state *st) {
@@ -398,23 +418,11 @@ INLINE void block_step(const int R, const int PF, int D, float c, const block_ar
     for (int r = 0; r < R; r++)
 #pragma GCC unroll 4
         for (int j = 0; j < 4; j++) acc[r][j] = _mm512_setzero_ps();
-    const uint32_t *q32 = (const uint32_t *)sc->qt;
-    const uint32_t *kp = a->kp;
-    for (int d = 0; d < D / 2; d++, kp += KB) {
-        if (PF && a->pf_lines) prefetch_share(a->pfk, d, D / 2, a->pf_lines);
-        const __m512bh k0 = (__m512bh)_mm512_load_si512(kp);
-        const __m512bh k1 = (__m512bh)_mm512_load_si512(kp + 16);
-        const __m512bh k2 = (__m512bh)_mm512_load_si512(kp + 32);
-        const __m512bh k3 = (__m512bh)_mm512_load_si512(kp + 48);
-#pragma GCC unroll 8
-        for (int r = 0; r < R; r++) {
-            const uint32_t *qp = q32 + r * (MAX_D / 2) + d;
-            DPBF16_BCAST(acc[r][0], k0, qp);
-            DPBF16_BCAST(acc[r][1], k1, qp);
-            DPBF16_BCAST(acc[r][2], k2, qp);
-            DPBF16_BCAST(acc[r][3], k3, qp);
-        }
-    }
+    const int groups = (2 * a->nk2 + 15) / 16; /* of 16 keys, with a key some row sees */
+    if (groups == 4) qk_loop(R, PF, 4, D, a, sc, acc);
+    else if (groups == 3) qk_loop(R, PF, 3, D, a, sc, acc);
+    else if (groups == 2) qk_loop(R, PF, 2, D, a, sc, acc);
+    else qk_loop(R, PF, 1, D, a, sc, acc);
     __m512 vmax[RB];
     __mmask16 over = 0;
 #pragma GCC unroll 8
