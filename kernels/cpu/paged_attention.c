@@ -15,12 +15,15 @@
  *   S = Q K^T   _mm512_dpbf16_ps, keys packed as [head_dim/2][KB][2] (16 keys x 2 dims a zmm,
  *               a query dim pair broadcast from memory)
  *   online softmax on S (exp2 polynomial), P rounded to bf16
- *   O += P V    _mm512_dpbf16_ps, values packed as [KB/2][head_dim][2] (16 dims x 2 keys a
- *               zmm, a P key pair broadcast from memory)
+ *   O += P V    _mm512_dpbf16_ps, values as [KB/2][head_dim][2] (16 dims x 2 keys a zmm, a P
+ *               key pair broadcast from memory): from a bf16 pool read in place, two keys'
+ *               rows interleaved by vpunpck{l,h}wd (which leaves O's dims permuted within each
+ *               32, put back in order once a row tile is done), from a quantized one packed
  *
- * Keys and values are packed once per (sequence, kv head) in a parallel pass when a sequence
- * has more than one row tile per kv head (prefill), otherwise per key block inside the work
- * item (decode), so each key is read from the pool once per use.
+ * Keys (and a quantized pool's values) are packed once per (sequence, kv head) in a parallel
+ * pass when a sequence has more than one row tile per kv head (prefill), otherwise per key
+ * block inside the work item (decode), so each key is read from the pool once per use; the
+ * pass leaves a bf16 pool's value rows where they are, listing them instead.
  * Threads take the work items as contiguous runs, stealing from the back of the others' runs
  * once their own is done (work_runs.h): a prefill's items in (sequence, kv head, rows) order,
  * so a thread reads one kv head's packed K/V from its L2 for several items in a row, the
@@ -59,7 +62,8 @@ typedef struct {
     int nq;         /* query tokens */
     int ncache;     /* keys read from the cache */
     int lim0;       /* keys visible to query token 0 */
-    int64_t ws_off; /* byte offset of the prepacked K/V of kv head 0, or -1: pack per item */
+    int64_t ws_off; /* byte offset of the prepacked K/V of kv head 0, or -1: pack per item
+                     * (per kv head: K packed, then V packed or, bf16 pool, its row list) */
     int chunks;     /* split-K chunks of its keys per (kv head, query rows): 1 = unsplit */
 } seq_info;
 
@@ -297,16 +301,20 @@ INLINE void pack_v(const int kind, const void *const *vr, int npool, int D, cons
         pack_k(kind, kr, npool, D, ks, kp);                                                   \
         pack_v(kind, vr, npool, D, vs, vp);                                                   \
     }
-DEFINE_PACK(bf16, KV_BF16)
 DEFINE_PACK(int8, KV_INT8)
 DEFINE_PACK(fp8, KV_FP8)
 
-/* Packs one key block of kv head h (rows from key_rows) into kp [D/2][KB] and vp [KB/2][D]. */
+static const bf16 ZERO_ROW[MAX_D] __attribute__((aligned(64))); /* a missing key's values */
+
+/* Packs one key block of kv head h (rows from key_rows) into kp [D/2][KB], and its values as
+ * the PV loop reads them: a bf16 pool's rows listed in vrows [KB] (vr itself may be vrows),
+ * ZERO_ROW for missing keys; a quantized pool's values dequantized into vp [KB/2][D]. */
 static void pack_kv(const problem *p, int h, const void *const *kr, const void *const *vr,
-                    int npool, uint32_t *kp, uint32_t *vp) {
+                    int npool, uint32_t *kp, uint32_t *vp, const void **vrows) {
     const int D = p->D;
     if (p->kind == KV_BF16) {
-        pack_kv_bf16(kr, vr, npool, D, NULL, NULL, kp, vp);
+        pack_k(KV_BF16, kr, npool, D, NULL, kp);
+        for (int i = 0; i < KB; i++) vrows[i] = vr[i] ? vr[i] : ZERO_ROW;
         return;
     }
     const float *ks = p->k_scale + (int64_t)h * D, *vs = p->v_scale + (int64_t)h * D;
@@ -317,7 +325,8 @@ static void pack_kv(const problem *p, int h, const void *const *kr, const void *
 /* ----------------------------------------------------------- one row tile x one key block */
 
 typedef struct {
-    const uint32_t *kp, *vp; /* packed keys [D/2][KB], values [KB/2][D] */
+    const uint32_t *kp, *vp; /* packed keys [D/2][KB], values [KB/2][D] (quantized pool) */
+    const void *const *vrows; /* the keys' bf16 value rows (bf16 pool), else NULL: vp */
     int masked;              /* some row sees only part of the block */
     int nk2;                 /* key pairs of the block that any row sees */
     int lim[RB];             /* keys of this block each row sees (may be <= 0 or > KB) */
@@ -337,7 +346,9 @@ INLINE void prefetch_share(const void *const *rows, int it, int n, int lines) {
     }
 }
 
-/* O columns [d0, d0 + 16 NV) of R rows: O = O * alpha + P V (no rescale when alpha is NULL). */
+/* O columns [d0, d0 + 16 NV) of R rows: O = O * alpha + P V (no rescale when alpha is NULL).
+ * From value rows (a->vrows), the key pairs' interleave leaves the columns of each 32 in the
+ * order of unpermute_rows' input. */
 INLINE void pv_chunk(const int R, const int NV, const int PF, int D, int d0,
                      const block_args *a, scratch *sc, const __m512 *alpha) {
     __m512 o[RB][4];
@@ -353,8 +364,20 @@ INLINE void pv_chunk(const int R, const int NV, const int PF, int D, int d0,
     for (int k2 = 0; k2 < a->nk2; k2++, vp += D) {
         if (PF && a->pf_lines && d0 == 0) prefetch_share(a->pfv, k2, KB / 2, a->pf_lines);
         __m512bh vv[4];
+        if (a->vrows) {
+            const bf16 *ra = (const bf16 *)a->vrows[2 * k2] + d0;
+            const bf16 *rb = (const bf16 *)a->vrows[2 * k2 + 1] + d0;
+#pragma GCC unroll 2
+            for (int c = 0; c < NV / 2; c++) {
+                const __m512i x = _mm512_loadu_si512(ra + 32 * c);
+                const __m512i y = _mm512_loadu_si512(rb + 32 * c);
+                vv[2 * c] = (__m512bh)_mm512_unpacklo_epi16(x, y);
+                vv[2 * c + 1] = (__m512bh)_mm512_unpackhi_epi16(x, y);
+            }
+        } else {
 #pragma GCC unroll 4
-        for (int v = 0; v < NV; v++) vv[v] = (__m512bh)_mm512_load_si512(vp + 16 * v);
+            for (int v = 0; v < NV; v++) vv[v] = (__m512bh)_mm512_load_si512(vp + 16 * v);
+        }
 #pragma GCC unroll 8
         for (int r = 0; r < R; r++) {
 #pragma GCC unroll 4
@@ -501,6 +524,23 @@ static const step_fn PF_STEPS[RB + 1] = {NULL,            block_step_pf_1, block
 
 /* ------------------------------------------------------------------ work items */
 
+/* Puts the D columns of R output rows (row stride MAX_D) back in order after pv_chunk from
+ * value rows: vpunpck{l,h}wd pair dims 8j..8j+3 (low) and 8j+4..8j+7 (high) of each 128-bit
+ * lane j, so each 32 columns arrive as [lanes' low quads][lanes' high quads]. */
+static void unpermute_rows(float *o, int R, int D) {
+    const __m512i first = _mm512_set_epi32(23, 22, 21, 20, 7, 6, 5, 4, 19, 18, 17, 16, 3, 2, 1, 0);
+    const __m512i second =
+        _mm512_set_epi32(31, 30, 29, 28, 15, 14, 13, 12, 27, 26, 25, 24, 11, 10, 9, 8);
+    for (int i = 0; i < R; i++) {
+        for (int d = 0; d < D; d += 32) {
+            float *row = o + i * MAX_D + d;
+            const __m512 low = _mm512_load_ps(row), high = _mm512_load_ps(row + 16);
+            _mm512_store_ps(row, _mm512_permutex2var_ps(low, first, high));
+            _mm512_store_ps(row + 16, _mm512_permutex2var_ps(low, second, high));
+        }
+    }
+}
+
 /* Rows [rb, rb + R) of (seq s, kv head h): attention over their visible keys in key blocks
  * [kb0, kb1). Writes the normalized bf16 output rows, or, when part is not NULL (a split-K
  * chunk), each row's unnormalized output, reference max and sum there: R x (D + 2) floats.
@@ -534,10 +574,12 @@ static void row_tile(const problem *p, int s, int h, int rb, int R, int kb0, int
         st[i].l = _mm512_setzero_ps();
     }
     const uint32_t *kpre = NULL, *vpre = NULL;
+    const void *const *vrows_pre = NULL;
     if (si->ws_off >= 0) {
         const int64_t bytes = packed_bytes(si->lim0 + si->nq - 1, D);
         kpre = (const uint32_t *)(p->ws + si->ws_off + 2 * bytes * h);
         vpre = (const uint32_t *)(p->ws + si->ws_off + 2 * bytes * h + bytes);
+        if (p->kind == KV_BF16) vrows_pre = (const void *const *)vpre;
     }
     const step_fn step = kpre ? STEPS[R] : PF_STEPS[R];
     block_args a;
@@ -555,6 +597,7 @@ static void row_tile(const problem *p, int s, int h, int rb, int R, int kb0, int
         if (kpre) {
             a.kp = kpre + (int64_t)kb * KB * D / 2;
             a.vp = vpre + (int64_t)kb * KB * D / 2;
+            a.vrows = vrows_pre ? vrows_pre + (int64_t)kb * KB : NULL;
         } else {
             const int cur = (kb - kb0) % 3, far = (kb - kb0 + 2) % 3;
             a.pf_lines = 0;
@@ -573,9 +616,10 @@ static void row_tile(const problem *p, int s, int h, int rb, int R, int kb0, int
                     a.pf_lines = lines;
                 }
             }
-            pack_kv(p, h, sc->kr[cur], sc->vr[cur], npool[cur], sc->kp, sc->vp);
+            pack_kv(p, h, sc->kr[cur], sc->vr[cur], npool[cur], sc->kp, sc->vp, sc->vr[cur]);
             a.kp = sc->kp;
             a.vp = sc->vp;
+            a.vrows = p->kind == KV_BF16 ? sc->vr[cur] : NULL;
         }
         a.masked = (kb + 1) * KB > lim_lo;
         const int seen = lim_hi - kb * KB < KB ? lim_hi - kb * KB : KB;
@@ -583,6 +627,7 @@ static void row_tile(const problem *p, int s, int h, int rb, int R, int kb0, int
         for (int i = 0; i < R; i++) a.lim[i] = lim[i] - kb * KB;
         step(D, p->c, &a, sc, st);
     }
+    if (p->kind == KV_BF16) unpermute_rows(sc->o, R, D);
     for (int i = 0; part && i < R; i++) {
         float *row = part + (int64_t)i * (D + 2);
         memcpy(row, sc->o + i * MAX_D, (size_t)D * sizeof(float));
@@ -611,7 +656,8 @@ static void pack_block(const problem *p, const pack_item *it, scratch *sc) {
         char *base = p->ws + si->ws_off + 2 * bytes * h;
         const int npool = key_rows(p, it->seq, h, it->kb * KB, sc->kr[0], sc->vr[0]);
         pack_kv(p, h, sc->kr[0], sc->vr[0], npool, (uint32_t *)(base + off),
-                (uint32_t *)(base + bytes + off));
+                (uint32_t *)(base + bytes + off),
+                (const void **)(base + bytes) + (int64_t)it->kb * KB);
     }
 }
 
