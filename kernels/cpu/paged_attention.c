@@ -26,7 +26,7 @@
  * pass leaves a bf16 pool's value rows where they are, listing them instead.
  * Threads take the work items as contiguous runs, stealing from the back of the others' runs
  * once their own is done (work_runs.h): a prefill's items in (sequence, kv head, rows) order,
- * so a thread reads one kv head's packed K/V from its L2 for several items in a row, the
+ * so a thread reads one kv head's K/V from its L2 for several items in a row, the
  * others costliest first.
  *
  * Key j of a sequence is cache token j for j < ncache (found through the block table), else
