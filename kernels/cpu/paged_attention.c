@@ -306,13 +306,16 @@ DEFINE_PACK(fp8, KV_FP8)
 
 static const bf16 ZERO_ROW[MAX_D] __attribute__((aligned(64))); /* a missing key's values */
 
+/* Whether the PV loop reads the values from their rows (a bf16 pool) rather than packed. */
+static inline int values_in_place(const problem *p) { return p->kind == KV_BF16; }
+
 /* Packs one key block of kv head h (rows from key_rows) into kp [D/2][KB], and its values as
  * the PV loop reads them: a bf16 pool's rows listed in vrows [KB] (vr itself may be vrows),
  * ZERO_ROW for missing keys; a quantized pool's values dequantized into vp [KB/2][D]. */
 static void pack_kv(const problem *p, int h, const void *const *kr, const void *const *vr,
                     int npool, uint32_t *kp, uint32_t *vp, const void **vrows) {
     const int D = p->D;
-    if (p->kind == KV_BF16) {
+    if (values_in_place(p)) {
         pack_k(KV_BF16, kr, npool, D, NULL, kp);
         for (int i = 0; i < KB; i++) vrows[i] = vr[i] ? vr[i] : ZERO_ROW;
         return;
@@ -579,7 +582,7 @@ static void row_tile(const problem *p, int s, int h, int rb, int R, int kb0, int
         const int64_t bytes = packed_bytes(si->lim0 + si->nq - 1, D);
         kpre = (const uint32_t *)(p->ws + si->ws_off + 2 * bytes * h);
         vpre = (const uint32_t *)(p->ws + si->ws_off + 2 * bytes * h + bytes);
-        if (p->kind == KV_BF16) vrows_pre = (const void *const *)vpre;
+        if (values_in_place(p)) vrows_pre = (const void *const *)vpre;
     }
     const step_fn step = kpre ? STEPS[R] : PF_STEPS[R];
     block_args a;
@@ -619,7 +622,7 @@ static void row_tile(const problem *p, int s, int h, int rb, int R, int kb0, int
             pack_kv(p, h, sc->kr[cur], sc->vr[cur], npool[cur], sc->kp, sc->vp, sc->vr[cur]);
             a.kp = sc->kp;
             a.vp = sc->vp;
-            a.vrows = p->kind == KV_BF16 ? sc->vr[cur] : NULL;
+            a.vrows = values_in_place(p) ? sc->vr[cur] : NULL;
         }
         a.masked = (kb + 1) * KB > lim_lo;
         const int seen = lim_hi - kb * KB < KB ? lim_hi - kb * KB : KB;
@@ -627,7 +630,7 @@ static void row_tile(const problem *p, int s, int h, int rb, int R, int kb0, int
         for (int i = 0; i < R; i++) a.lim[i] = lim[i] - kb * KB;
         step(D, p->c, &a, sc, st);
     }
-    if (p->kind == KV_BF16) unpermute_rows(sc->o, R, D);
+    if (values_in_place(p)) unpermute_rows(sc->o, R, D);
     for (int i = 0; part && i < R; i++) {
         float *row = part + (int64_t)i * (D + 2);
         memcpy(row, sc->o + i * MAX_D, (size_t)D * sizeof(float));
