@@ -24,7 +24,7 @@ from .packed_linear import (
     weight_packing_available,
 )
 from .rope import RotaryEmbedding
-from .structure_generation import structure_generation
+from .structure_generation import structure_generation, watch
 
 if TYPE_CHECKING:
     from prefixcache.kernels.cpu.greedy_screen import GreedyScreen
@@ -187,10 +187,12 @@ class CausalLM(nn.Module):
 
     def _fused_layers(self) -> list[tuple[int, LayerWeights]] | None:
         """Every layer's attention index and `fused_weights`, or None when a layer has none;
-        kept until a module or parameter anywhere is (re)assigned (`structure_generation`), so
-        a forward does not walk the layers' modules."""
+        kept until a module or parameter of this model is (re)assigned (`structure_generation`,
+        the model watched from the first plan on), so a forward does not walk the layers'
+        modules."""
         generation = structure_generation()
         if self._fused_plan is None or self._fused_plan[0] != generation:
+            watch(self)
             plan = [(layer.attn.layer_idx, layer.fused_weights()) for layer in self.layers]
             usable = bool(plan) and all(weights is not None for _, weights in plan)
             self._fused_plan = (generation, plan if usable else None)  # type: ignore[assignment]
