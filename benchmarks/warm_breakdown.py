@@ -80,7 +80,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     n = len(totals)
     per_request = {phase: seconds[phase] / n for phase in PHASES}
     per_request["output_head"] = sum(head_seconds) / n
-    layers = sum(per_request[p] for p in PHASES if p != "attention_packing")
+    layers = sum(per_request[p] for p in PHASES)
     total = sum(totals) / n
     per_request["outside_compiled_layers"] = total - layers - per_request["output_head"]
     new = round(statistics.mean(computed))
@@ -113,9 +113,8 @@ def print_report(report: dict[str, Any]) -> None:
     total, peak = report["request_ms_mean"], report["bf16_peak_gflops"]
     for phase, ms in report["phase_ms"].items():
         rate = report["phase_gflops"].get(phase)
-        name = f"  of which {phase}" if phase == "attention_packing" else phase
         rates = ("", "") if rate is None else (f"{rate:.0f}", f"{rate / peak:.0%}")
-        table.add_row(name, f"{ms:.2f}", f"{ms / total:.1%}", *rates)
+        table.add_row(phase, f"{ms:.2f}", f"{ms / total:.1%}", *rates)
     console = Console()
     console.print(table)
     console.print(

@@ -89,9 +89,8 @@ def test_warm_breakdown_quick(tmp_path):
     phases = result["phase_ms"]
     for phase in ("qkv", "attention", "o_proj", "gate_up_silu", "down", "output_head"):
         assert phases[phase] > 0, phase
-    assert 0 < phases["attention_packing"] <= phases["attention"]
     layers = sum(ms for phase, ms in phases.items() if phase not in (
-        "attention_packing", "output_head", "outside_compiled_layers"))
+        "output_head", "outside_compiled_layers"))
     assert layers < result["request_ms_mean"]
     assert set(result["phase_gflops"]) == {"qkv", "attention", "o_proj", "gate_up_silu", "down"}
 

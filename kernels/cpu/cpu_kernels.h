@@ -60,7 +60,6 @@ enum {
     PC_PHASE_QKV,              /* the QKV projection */
     PC_PHASE_ROPE_KV_WRITE,    /* RoPE, then the new k/v into the pool */
     PC_PHASE_ATTENTION,        /* paged attention, its K/V packing included */
-    PC_PHASE_ATTENTION_PACKING, /* of which: packing the keys and values (prefills) */
     PC_PHASE_O,                /* the output projection */
     PC_PHASE_GATE_UP_SILU,     /* the gate and up projections with SiLU-and-mul */
     PC_PHASE_DOWN,             /* the down projection */

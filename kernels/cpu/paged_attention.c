@@ -20,14 +20,18 @@
  *               rows interleaved by vpunpck{l,h}wd (which leaves O's dims permuted within each
  *               32, put back in order once a row tile is done), from a quantized one packed
  *
- * Keys (and a quantized pool's values) are packed once per (sequence, kv head) in a parallel
- * pass when a sequence has more than one row tile per kv head (prefill), otherwise per key
- * block inside the work item (decode), so each key is read from the pool once per use; the
- * pass leaves a bf16 pool's value rows where they are, listing them instead.
+ * Keys (and a quantized pool's values) are packed per key block, a bf16 pool's value rows
+ * listed instead, by the row tile about to use the block, while the pool rows of the block two
+ * ahead come into L2 along the step's loops: a sequence with more than one row tile per kv
+ * head (prefill) keeps them, in an area of the thread's own, so its first row tile on a
+ * (sequence, kv head) packs each block as it goes and its later ones read the packed copy (a
+ * later tile's further key blocks are packed by it); otherwise (decode) every item packs its
+ * own. So each key is read from the pool once per thread that uses it, and the reads of a
+ * cached prefix overlap the attention's products instead of waiting in a pass of their own.
  * Threads take the work items as contiguous runs, stealing from the back of the others' runs
  * once their own is done (work_runs.h): a prefill's items in (sequence, kv head, rows) order,
- * so a thread reads one kv head's K/V from its L2 for several items in a row, the
- * others costliest first.
+ * so a thread packs a kv head's keys once and reads them from its L2 for several items in a
+ * row, the others costliest first.
  *
  * Key j of a sequence is cache token j for j < ncache (found through the block table), else
  * new token (qs + j - ncache) of k/v. Query token t sees keys [0, lim0 + t).
@@ -62,8 +66,9 @@ typedef struct {
     int nq;         /* query tokens */
     int ncache;     /* keys read from the cache */
     int lim0;       /* keys visible to query token 0 */
-    int64_t ws_off; /* byte offset of the prepacked K/V of kv head 0, or -1: pack per item
-                     * (per kv head: K packed, then V packed or, bf16 pool, its row list) */
+    int64_t ws_off; /* byte offset of its packed K/V of kv head 0 in a thread's area, or -1:
+                     * pack per tile (per kv head: K packed, then V packed or, bf16 pool, the
+                     * values' row list) */
     int chunks;     /* split-K chunks of its keys per (kv head, query rows): 1 = unsplit */
 } seq_info;
 
@@ -72,7 +77,7 @@ typedef struct {
     int kb0, kb1;            /* key blocks [kb0, kb1) (split-K chunk), or 0, INT32_MAX */
     int64_t part;            /* split-K: float offset of this chunk's partials, else -1 */
     int64_t cost;
-    int packed; /* the sequence's K/V is prepacked */
+    int packed; /* the sequence keeps its packed K/V (a thread packs them once) */
 } work_item;
 
 /* Split-K bookkeeping of one (sequence, kv head, query rows) whose keys were chunked: the
@@ -82,10 +87,6 @@ typedef struct {
     int seq, h, r0, r1, chunks;
     int64_t part, stride;
 } split_merge;
-
-typedef struct {
-    int seq, kb; /* key block kb of all kv heads */
-} pack_item;
 
 typedef struct {
     const bf16 *q, *k, *v;
@@ -99,7 +100,6 @@ typedef struct {
     int H, KVH, G, D, bs;
     float c; /* scale * log2(e): scores are exponentiated in base 2 */
     const seq_info *seqs;
-    char *ws;
 } problem;
 
 /* Per-thread scratch, 64-byte aligned members. */
@@ -544,18 +544,21 @@ static void unpermute_rows(float *o, int R, int D) {
     }
 }
 
-/* Rows [rb, rb + R) of (seq s, kv head h): attention over their visible keys in key blocks
- * [kb0, kb1). Writes the normalized bf16 output rows, or, when part is not NULL (a split-K
- * chunk), each row's unnormalized output, reference max and sum there: R x (D + 2) floats.
- * Without prepacked K/V its last steps prefetch the first blocks of `then`. */
 /* The keys a thread reads after a row tile: key blocks [kb0, kb1) of (seq, kv head h), whose
  * first blocks the tile's last steps prefetch; seq < 0 when unknown. */
 typedef struct {
     int seq, h, kb0, kb1;
 } next_keys;
 
+/* Rows [rb, rb + R) of (seq s, kv head h): attention over their visible keys in key blocks
+ * [kb0, kb1). Writes the normalized bf16 output rows, or, when part is not NULL (a split-K
+ * chunk), each row's unnormalized output, reference max and sum there: R x (D + 2) floats.
+ * A sequence that keeps its packed K/V (ws_off >= 0) keeps them at `area` + ws_off, where
+ * blocks [0, *upto) are packed already; the tile packs its further blocks there and raises
+ * *upto. Otherwise it packs every block for itself, and its last steps prefetch the first
+ * blocks of `then`. */
 static void row_tile(const problem *p, int s, int h, int rb, int R, int kb0, int kb1,
-                     float *part, scratch *sc, next_keys then) {
+                     float *part, scratch *sc, next_keys then, char *area, int *upto) {
     const seq_info *si = &p->seqs[s];
     const int D = p->D, G = p->G;
     int lim[RB];
@@ -576,33 +579,38 @@ static void row_tile(const problem *p, int s, int h, int rb, int R, int kb0, int
         st[i].mthr = _mm512_set1_ps(-__builtin_inff()); /* the first block sets m */
         st[i].l = _mm512_setzero_ps();
     }
-    const uint32_t *kpre = NULL, *vpre = NULL;
-    const void *const *vrows_pre = NULL;
+    uint32_t *kpre = NULL, *vpre = NULL;
+    const void **vrows_pre = NULL;
+    int packed = kb0; /* blocks [kb0, packed) are in kpre / vpre already */
     if (si->ws_off >= 0) {
         const int64_t bytes = packed_bytes(si->lim0 + si->nq - 1, D);
-        kpre = (const uint32_t *)(p->ws + si->ws_off + 2 * bytes * h);
-        vpre = (const uint32_t *)(p->ws + si->ws_off + 2 * bytes * h + bytes);
-        if (values_in_place(p)) vrows_pre = (const void *const *)vpre;
+        kpre = (uint32_t *)(area + si->ws_off + 2 * bytes * h);
+        vpre = (uint32_t *)(area + si->ws_off + 2 * bytes * h + bytes);
+        if (values_in_place(p)) vrows_pre = (const void **)vpre;
+        packed = *upto;
     }
-    const step_fn step = kpre ? STEPS[R] : PF_STEPS[R];
+    const int f0 = packed > kb0 ? packed : kb0; /* the first block packed here */
     block_args a;
     a.pf_lines = 0;
-    /* packing here: the rows of block kb in slot (kb - kb0) % 3; those of kb + 1 came in
-     * before, those of kb + 2 are prefetched during the step of kb, spread over its loops
+    /* packing here, from block f0 on: the rows of block kb in slot (kb - f0) % 3; those of
+     * kb + 1 came in before, those of kb + 2 are prefetched during the step of kb, spread over
+     * its loops
      * (`lines` a pool row's; the few bf16 rows of new tokens past a quantized pool's are hot) */
     int npool[3] = {0, 0, 0}; /* leading rows of kr[i] / vr[i] that are pool rows */
     const int lines = (D * p->esize + 63) / 64;
-    for (int f = 0; !kpre && f < 2 && (kb0 + f) * KB < lim_hi; f++) {
-        npool[f] = key_rows(p, s, h, (kb0 + f) * KB, sc->kr[f], sc->vr[f]);
+    for (int f = 0; f < 2 && (f0 + f) * KB < lim_hi; f++) {
+        npool[f] = key_rows(p, s, h, (f0 + f) * KB, sc->kr[f], sc->vr[f]);
         prefetch_rows(sc->kr[f], sc->vr[f], npool[f], p->esize, D);
     }
     for (int kb = kb0; kb * KB < lim_hi; kb++) {
-        if (kpre) {
+        step_fn step = STEPS[R];
+        if (kb < packed) {
             a.kp = kpre + (int64_t)kb * KB * D / 2;
             a.vp = vpre + (int64_t)kb * KB * D / 2;
             a.vrows = vrows_pre ? vrows_pre + (int64_t)kb * KB : NULL;
         } else {
-            const int cur = (kb - kb0) % 3, far = (kb - kb0 + 2) % 3;
+            step = PF_STEPS[R];
+            const int cur = (kb - f0) % 3, far = (kb - f0 + 2) % 3;
             a.pf_lines = 0;
             if ((kb + 2) * KB < lim_hi) {
                 npool[far] = key_rows(p, s, h, (kb + 2) * KB, sc->kr[far], sc->vr[far]);
@@ -619,10 +627,14 @@ static void row_tile(const problem *p, int s, int h, int rb, int R, int kb0, int
                     a.pf_lines = lines;
                 }
             }
-            pack_kv(p, h, sc->kr[cur], sc->vr[cur], npool[cur], sc->kp, sc->vp, sc->vr[cur]);
-            a.kp = sc->kp;
-            a.vp = sc->vp;
-            a.vrows = values_in_place(p) ? sc->vr[cur] : NULL;
+            uint32_t *kdst = kpre ? kpre + (int64_t)kb * KB * D / 2 : sc->kp;
+            uint32_t *vdst = kpre ? vpre + (int64_t)kb * KB * D / 2 : sc->vp;
+            const void **vrows = vrows_pre ? vrows_pre + (int64_t)kb * KB : sc->vr[cur];
+            pack_kv(p, h, sc->kr[cur], sc->vr[cur], npool[cur], kdst, vdst, vrows);
+            a.kp = kdst;
+            a.vp = vdst;
+            a.vrows = values_in_place(p) ? vrows : NULL;
+            if (kpre) *upto = kb + 1;
         }
         a.masked = (kb + 1) * KB > lim_lo;
         const int seen = lim_hi - kb * KB < KB ? lim_hi - kb * KB : KB;
@@ -645,34 +657,6 @@ static void row_tile(const problem *p, int s, int h, int rb, int R, int kb0, int
         for (int d = 0; d < D; d += 16) {
             const __m512 o = _mm512_mul_ps(_mm512_load_ps(sc->o + i * MAX_D + d), inv);
             _mm256_storeu_si256((__m256i *)(dst + d), (__m256i)_mm512_cvtneps_pbh(o));
-        }
-    }
-}
-
-/* Packs key block kb of every kv head of a sequence into the workspace (the heads of a cache
- * token are adjacent, so whole cache blocks are read in order). */
-static void pack_block(const problem *p, const pack_item *it, scratch *sc) {
-    const seq_info *si = &p->seqs[it->seq];
-    const int64_t bytes = packed_bytes(si->lim0 + si->nq - 1, p->D);
-    const int64_t off = (int64_t)it->kb * KB * p->D * 2;
-    for (int h = 0; h < p->KVH; h++) {
-        char *base = p->ws + si->ws_off + 2 * bytes * h;
-        const int npool = key_rows(p, it->seq, h, it->kb * KB, sc->kr[0], sc->vr[0]);
-        pack_kv(p, h, sc->kr[0], sc->vr[0], npool, (uint32_t *)(base + off),
-                (uint32_t *)(base + bytes + off),
-                (const void **)(base + bytes) + (int64_t)it->kb * KB);
-    }
-}
-
-/* Prefetches into L2 the pool rows, every kv head's, of the key block a pack item reads: the
- * cache is most likely in memory, so the next item's rows come in while this one is packed. */
-static void prefetch_pack(const problem *p, const pack_item *it, scratch *sc) {
-    const int npool = key_rows(p, it->seq, 0, it->kb * KB, sc->kr[1], sc->vr[1]);
-    const int token_bytes = p->KVH * p->D * p->esize;
-    for (int i = 0; i < npool; i++) {
-        for (int b = 0; b < token_bytes; b += 64) {
-            _mm_prefetch((const char *)sc->kr[1][i] + b, _MM_HINT_T1);
-            _mm_prefetch((const char *)sc->vr[1][i] + b, _MM_HINT_T1);
         }
     }
 }
@@ -707,8 +691,9 @@ static void merge_split(const problem *p, const split_merge *m, float *parts) {
     }
 }
 
-/* Item order: the items of prepacked sequences first, by (sequence, kv head, rows), so that a
- * thread's run keeps one kv head's packed K/V in its L2 for several items; then the others,
+/* Item order: the items of sequences that keep their packed K/V first, by (sequence, kv head,
+ * rows), so that a thread's run packs one kv head's keys once and keeps them in its L2 for
+ * several items; then the others,
  * costliest first (stealing from the back of the runs then balances the tail). */
 static int by_order(const void *x, const void *y) {
     const work_item *a = x, *b = y;
@@ -762,7 +747,7 @@ int pa_paged_attention(const bf16 *q, int64_t q_st, int64_t q_sh, const bf16 *k,
     const int G = num_heads / num_kv_heads, D = head_dim;
     seq_info *seqs = malloc(sizeof(seq_info) * (size_t)num_seqs);
     if (!seqs) return -5;
-    int64_t ws_bytes = 0, n_items = 0, n_packs = 0;
+    int64_t ws_bytes = 0, n_items = 0;
     int err = 0;
     for (int s = 0; s < num_seqs; s++) {
         seq_info *si = &seqs[s];
@@ -796,7 +781,6 @@ int pa_paged_attention(const bf16 *q, int64_t q_st, int64_t q_sh, const bf16 *k,
             const int total = si->lim0 + si->nq - 1;
             si->ws_off = ws_bytes;
             ws_bytes += 2 * packed_bytes(total, D) * num_kv_heads;
-            n_packs += (total + KB - 1) / KB;
         }
     }
     if (err) {
@@ -826,26 +810,26 @@ int pa_paged_attention(const bf16 *q, int64_t q_st, int64_t q_sh, const bf16 *k,
         part_floats += (int64_t)si->chunks * num_kv_heads * rows * (D + 2);
     }
     const int64_t items_cap = n_items * (n_merges ? split_target : 1);
-    const int64_t scratch_off = (ws_bytes + 63) / 64 * 64;
+    const int64_t area_bytes = (ws_bytes + 63) / 64 * 64; /* each thread's packed K/V */
+    const int64_t scratch_off = area_bytes * nt;
     const int64_t parts_off = scratch_off + (int64_t)sizeof(scratch) * nt;
     char *ws = workspace(parts_off + part_floats * (int64_t)sizeof(float));
     work_item *items = malloc(sizeof(work_item) * (size_t)(items_cap + 1));
-    pack_item *packs = malloc(sizeof(pack_item) * (size_t)(n_packs + 1));
+    int *upto = calloc((size_t)nt * num_seqs * num_kv_heads, sizeof(int));
     split_merge *merges = malloc(sizeof(split_merge) * (size_t)(n_merges + 1));
-    if (!ws || !items || !packs || !merges) {
+    if (!ws || !items || !upto || !merges) {
         free(seqs);
         free(items);
-        free(packs);
+        free(upto);
         free(merges);
         return -5;
     }
     float *parts = (float *)(ws + parts_off);
-    int64_t ni = 0, np = 0, nm = 0, part = 0;
+    int64_t ni = 0, nm = 0, part = 0;
     for (int s = 0; s < num_seqs; s++) {
         const seq_info *si = &seqs[s];
         const int rows = si->nq * G;
         const int total = si->lim0 + si->nq - 1;
-        for (int kb = 0; si->ws_off >= 0 && kb * KB < total; kb++) packs[np++] = (pack_item){s, kb};
         if (si->ws_off < 0 && rows <= ROWS_ITEM && num_seqs >= 4 * nt && rows > 0) {
             /* decode-like and enough sequences to share out: one item reads each cache block of
              * the sequence for all kv heads in turn (page and cache-line locality) */
@@ -883,27 +867,15 @@ int pa_paged_attention(const bf16 *q, int64_t q_st, int64_t q_sh, const bf16 *k,
                        .k_st = k_st, .k_sh = k_sh, .v_st = v_st, .v_sh = v_sh, .bt = bt,
                        .bt_stride = bt_stride, .out = out, .H = num_heads, .KVH = num_kv_heads,
                        .G = G, .D = D, .bs = block_size, .c = scale * 1.4426950408889634f,
-                       .seqs = seqs, .ws = ws};
-    work_run pack_runs[nt], item_runs[nt];
-    work_runs_init(pack_runs, nt, np);
+                       .seqs = seqs};
+    work_run item_runs[nt];
     work_runs_init(item_runs, nt, ni);
-    double clock = pc_phase_start();
 #pragma omp parallel num_threads(nt)
     {
         const int tid = omp_get_thread_num();
         scratch *sc = (scratch *)(ws + scratch_off + (int64_t)sizeof(scratch) * tid);
-        { /* packing: each thread a contiguous run of blocks, the next one prefetched, then
-           * blocks from the back of the others' runs (work_runs.h) */
-            for (int64_t i, prev = -1, after; (i = work_runs_next(pack_runs, nt, tid, &after)) >= 0;
-                 prev = i) {
-                if (i != prev + 1) prefetch_pack(&p, &packs[i], sc);
-                if (after >= 0) prefetch_pack(&p, &packs[after], sc);
-                pack_block(&p, &packs[i], sc);
-            }
-        }
-#pragma omp barrier
-#pragma omp master
-        if (np) pc_phase_end(PC_PHASE_ATTENTION_PACKING, &clock);
+        char *area = ws + area_bytes * tid;
+        int *my_upto = upto + (int64_t)tid * num_seqs * num_kv_heads;
         for (int64_t i, after; (i = work_runs_next(item_runs, nt, tid, &after)) >= 0;) {
             const work_item *it = &items[i];
             next_keys then = {-1, 0, 0, 0};
@@ -918,7 +890,8 @@ int pa_paged_attention(const bf16 *q, int64_t q_st, int64_t q_sh, const bf16 *k,
                     float *tile_part = it->part < 0
                                            ? NULL
                                            : parts + it->part + (int64_t)(rb - it->r0) * (D + 2);
-                    row_tile(&p, it->seq, h, rb, R, it->kb0, it->kb1, tile_part, sc, then);
+                    row_tile(&p, it->seq, h, rb, R, it->kb0, it->kb1, tile_part, sc, then, area,
+                             my_upto + it->seq * num_kv_heads + h);
                 }
             }
         }
@@ -928,7 +901,7 @@ int pa_paged_attention(const bf16 *q, int64_t q_st, int64_t q_sh, const bf16 *k,
     }
     free(seqs);
     free(items);
-    free(packs);
+    free(upto);
     free(merges);
     return 0;
 }

@@ -29,7 +29,6 @@ PHASES = (
     "qkv",  # the QKV projection
     "rope_kv_write",  # RoPE, then the new k/v into the pool
     "attention",  # paged attention, its K/V packing included
-    "attention_packing",  # of which: packing keys and values (prefills)
     "o_proj",
     "gate_up_silu",  # the gate and up projections with SiLU-and-mul
     "down",

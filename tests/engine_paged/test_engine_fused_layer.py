@@ -193,7 +193,6 @@ def test_phase_profile_times_the_fused_layers_only_inside_its_block(
     for phase in ("norms", "qkv", "rope_kv_write", "attention", "o_proj", "gate_up_silu",
                   "down"):
         assert seconds[phase] > 0, phase
-    assert 0 < seconds["attention_packing"] <= seconds["attention"]
     with cpu_kernels().phase_profile() as one_row:  # all cached: only the last token runs
         llm.generate([PROMPTS[0]], SamplingParams(max_tokens=1, temperature=0.0))
-    assert one_row["attention"] > 0 and one_row["attention_packing"] == 0  # read in place
+    assert one_row["attention"] > 0 and one_row["qkv"] > 0

@@ -167,7 +167,7 @@ def test_prefill_long_cold_sequence(threads: int) -> None:
 
 
 def test_prefill_short_chunks_packed_per_item(threads: int) -> None:
-    # at most 6 query rows per kv head: keys are packed inside the work item, not in a pre-pass
+    # at most 6 query rows per kv head: every work item packs its keys for itself
     check_prefill([30, 17, 0, 50], [2, 1, 2, 1], 3, 64, 16)
 
 
@@ -282,7 +282,7 @@ def test_quantized_decode_split_keys(kv_cache_dtype: str, threads: int) -> None:
 def test_quantized_prefill_matches_reference(
     kv_cache_dtype: str, scale_shape: str, block_size: int, group: int, head_dim: int
 ) -> None:
-    # as test_prefill_matches_reference: per-item packing (1 token) and the packing pre-pass,
+    # as test_prefill_matches_reference: per-tile packing (1 token) and packing kept per thread,
     # contexts that end inside a block, a long chunk whose keys are part pool, part new k/v
     contexts = [0, block_size + 5, 2 * block_size, 37]
     new = [1, 7, 20, 70]
@@ -315,7 +315,7 @@ def test_quantized_decode_many_sequences(kv_cache_dtype: str, threads: int) -> N
 
 @pytest.mark.parametrize("kv_cache_dtype", ["int8", "fp8"])
 def test_quantized_prefill_threads(kv_cache_dtype: str, threads: int) -> None:
-    # short chunks packed per item, then a long one packed in the pre-pass, over contexts
+    # short chunks packed per item, then long ones whose packed keys each thread keeps
     check_prefill([30, 17, 0, 50], [2, 1, 2, 1], 3, 64, 16, kv_cache_dtype=kv_cache_dtype)
     check_prefill([100, 0], [150, 90], 3, 64, 16, kv_cache_dtype=kv_cache_dtype)
 
