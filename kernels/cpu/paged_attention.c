@@ -23,11 +23,12 @@
  * Keys (and a quantized pool's values) are packed per key block, a bf16 pool's value rows
  * listed instead, by the row tile about to use the block, while the pool rows of the block two
  * ahead come into L2 along the step's loops: a sequence with more than one row tile per kv
- * head (prefill) keeps them, in an area of the thread's own, so its first row tile on a
- * (sequence, kv head) packs each block as it goes and its later ones read the packed copy (a
- * later tile's further key blocks are packed by it); otherwise (decode) every item packs its
- * own. So each key is read from the pool once per thread that uses it, and the reads of a
- * cached prefix overlap the attention's products instead of waiting in a pass of their own.
+ * head (prefill) keeps them, in an area of the thread's own that holds one (sequence, kv
+ * head) at a time, so the first row tile a thread runs on it packs each block as it goes and
+ * the thread's next ones read the packed copy (a later tile's further key blocks are packed
+ * by it); otherwise (decode) every item packs its own. So each key is read from the pool once
+ * per thread that uses it, and the reads of a cached prefix overlap the attention's products
+ * instead of waiting in a pass of their own.
  * Threads take the work items as contiguous runs, stealing from the back of the others' runs
  * once their own is done (work_runs.h): a prefill's items in (sequence, kv head, rows) order,
  * so a thread packs a kv head's keys once and reads them from its L2 for several items in a
@@ -66,9 +67,8 @@ typedef struct {
     int nq;         /* query tokens */
     int ncache;     /* keys read from the cache */
     int lim0;       /* keys visible to query token 0 */
-    int64_t ws_off; /* byte offset of its packed K/V of kv head 0 in a thread's area, or -1:
-                     * pack per tile (per kv head: K packed, then V packed or, bf16 pool, the
-                     * values' row list) */
+    int keep;       /* its packed K/V are kept in a thread's area for its next tiles, else
+                     * every tile packs its own */
     int chunks;     /* split-K chunks of its keys per (kv head, query rows): 1 = unsplit */
 } seq_info;
 
@@ -87,6 +87,12 @@ typedef struct {
     int seq, h, r0, r1, chunks;
     int64_t part, stride;
 } split_merge;
+
+/* What a thread's area holds: the packed keys (then the packed values or, bf16 pool, the
+ * values' row list) of key blocks [0, blocks) of (seq, kv head h); seq < 0: nothing. */
+typedef struct {
+    int seq, h, blocks;
+} packed_area;
 
 typedef struct {
     const bf16 *q, *k, *v;
@@ -553,12 +559,12 @@ typedef struct {
 /* Rows [rb, rb + R) of (seq s, kv head h): attention over their visible keys in key blocks
  * [kb0, kb1). Writes the normalized bf16 output rows, or, when part is not NULL (a split-K
  * chunk), each row's unnormalized output, reference max and sum there: R x (D + 2) floats.
- * A sequence that keeps its packed K/V (ws_off >= 0) keeps them at `area` + ws_off, where
- * blocks [0, *upto) are packed already; the tile packs its further blocks there and raises
- * *upto. Otherwise it packs every block for itself, and its last steps prefetch the first
- * blocks of `then`. */
+ * A sequence that keeps its packed K/V uses the thread's `area` (described by *held, taken
+ * over from another (seq, kv head) if it held one): the tile reads the blocks packed there
+ * and packs its further ones into it. Otherwise it packs every block for itself, and its last
+ * steps prefetch the first blocks of `then`. */
 static void row_tile(const problem *p, int s, int h, int rb, int R, int kb0, int kb1,
-                     float *part, scratch *sc, next_keys then, char *area, int *upto) {
+                     float *part, scratch *sc, next_keys then, char *area, packed_area *held) {
     const seq_info *si = &p->seqs[s];
     const int D = p->D, G = p->G;
     int lim[RB];
@@ -582,20 +588,20 @@ static void row_tile(const problem *p, int s, int h, int rb, int R, int kb0, int
     uint32_t *kpre = NULL, *vpre = NULL;
     const void **vrows_pre = NULL;
     int packed = kb0; /* blocks [kb0, packed) are in kpre / vpre already */
-    if (si->ws_off >= 0) {
-        const int64_t bytes = packed_bytes(si->lim0 + si->nq - 1, D);
-        kpre = (uint32_t *)(area + si->ws_off + 2 * bytes * h);
-        vpre = (uint32_t *)(area + si->ws_off + 2 * bytes * h + bytes);
+    if (si->keep) {
+        if (held->seq != s || held->h != h) *held = (packed_area){s, h, 0};
+        kpre = (uint32_t *)area;
+        vpre = (uint32_t *)(area + packed_bytes(si->lim0 + si->nq - 1, D));
         if (values_in_place(p)) vrows_pre = (const void **)vpre;
-        packed = *upto;
+        packed = held->blocks;
     }
     const int f0 = packed > kb0 ? packed : kb0; /* the first block packed here */
     block_args a;
     a.pf_lines = 0;
     /* packing here, from block f0 on: the rows of block kb in slot (kb - f0) % 3; those of
      * kb + 1 came in before, those of kb + 2 are prefetched during the step of kb, spread over
-     * its loops
-     * (`lines` a pool row's; the few bf16 rows of new tokens past a quantized pool's are hot) */
+     * its loops (`lines` a pool row's; the few bf16 rows of new tokens past a quantized pool's
+     * are hot) */
     int npool[3] = {0, 0, 0}; /* leading rows of kr[i] / vr[i] that are pool rows */
     const int lines = (D * p->esize + 63) / 64;
     for (int f = 0; f < 2 && (f0 + f) * KB < lim_hi; f++) {
@@ -634,7 +640,7 @@ static void row_tile(const problem *p, int s, int h, int rb, int R, int kb0, int
             a.kp = kdst;
             a.vp = vdst;
             a.vrows = values_in_place(p) ? vrows : NULL;
-            if (kpre) *upto = kb + 1;
+            if (kpre) held->blocks = kb + 1;
         }
         a.masked = (kb + 1) * KB > lim_lo;
         const int seen = lim_hi - kb * KB < KB ? lim_hi - kb * KB : KB;
@@ -747,7 +753,7 @@ int pa_paged_attention(const bf16 *q, int64_t q_st, int64_t q_sh, const bf16 *k,
     const int G = num_heads / num_kv_heads, D = head_dim;
     seq_info *seqs = malloc(sizeof(seq_info) * (size_t)num_seqs);
     if (!seqs) return -5;
-    int64_t ws_bytes = 0, n_items = 0;
+    int64_t area_bytes = 0, n_items = 0; /* a thread's area: the largest kept K/V of a head */
     int err = 0;
     for (int s = 0; s < num_seqs; s++) {
         seq_info *si = &seqs[s];
@@ -765,7 +771,7 @@ int pa_paged_attention(const bf16 *q, int64_t q_st, int64_t q_sh, const bf16 *k,
         }
         if (lens[s] < 0) err = -2;
         if (err) break;
-        si->ws_off = -1;
+        si->keep = 0;
         si->chunks = 1;
         if (si->nq == 0) continue; /* nothing read for it */
         const int64_t nblk = ((int64_t)si->ncache + block_size - 1) / block_size;
@@ -778,9 +784,9 @@ int pa_paged_attention(const bf16 *q, int64_t q_st, int64_t q_sh, const bf16 *k,
         const int rows = si->nq * G;
         n_items += (int64_t)num_kv_heads * ((rows + ROWS_ITEM - 1) / ROWS_ITEM);
         if (!decode && rows > RB) {
-            const int total = si->lim0 + si->nq - 1;
-            si->ws_off = ws_bytes;
-            ws_bytes += 2 * packed_bytes(total, D) * num_kv_heads;
+            const int64_t bytes = 2 * packed_bytes(si->lim0 + si->nq - 1, D);
+            si->keep = 1;
+            area_bytes = bytes > area_bytes ? bytes : area_bytes;
         }
     }
     if (err) {
@@ -796,7 +802,7 @@ int pa_paged_attention(const bf16 *q, int64_t q_st, int64_t q_sh, const bf16 *k,
     for (int s = 0; s < num_seqs && nt > 1 && num_seqs < 4 * nt && n_items < split_target; s++) {
         seq_info *si = &seqs[s];
         const int total = si->lim0 + si->nq - 1;
-        if (si->ws_off >= 0 || si->nq == 0 || total <= 0) continue;
+        if (si->keep || si->nq == 0 || total <= 0) continue;
         const int64_t want = (split_target + n_items - 1) / n_items;
         const int64_t most = ((int64_t)total + KB - 1) / KB / SPLIT_MIN_BLOCKS;
         si->chunks = (int)(want < most ? want : most);
@@ -810,17 +816,15 @@ int pa_paged_attention(const bf16 *q, int64_t q_st, int64_t q_sh, const bf16 *k,
         part_floats += (int64_t)si->chunks * num_kv_heads * rows * (D + 2);
     }
     const int64_t items_cap = n_items * (n_merges ? split_target : 1);
-    const int64_t area_bytes = (ws_bytes + 63) / 64 * 64; /* each thread's packed K/V */
+    area_bytes = (area_bytes + 63) / 64 * 64;
     const int64_t scratch_off = area_bytes * nt;
     const int64_t parts_off = scratch_off + (int64_t)sizeof(scratch) * nt;
     char *ws = workspace(parts_off + part_floats * (int64_t)sizeof(float));
     work_item *items = malloc(sizeof(work_item) * (size_t)(items_cap + 1));
-    int *upto = calloc((size_t)nt * num_seqs * num_kv_heads, sizeof(int));
     split_merge *merges = malloc(sizeof(split_merge) * (size_t)(n_merges + 1));
-    if (!ws || !items || !upto || !merges) {
+    if (!ws || !items || !merges) {
         free(seqs);
         free(items);
-        free(upto);
         free(merges);
         return -5;
     }
@@ -830,7 +834,7 @@ int pa_paged_attention(const bf16 *q, int64_t q_st, int64_t q_sh, const bf16 *k,
         const seq_info *si = &seqs[s];
         const int rows = si->nq * G;
         const int total = si->lim0 + si->nq - 1;
-        if (si->ws_off < 0 && rows <= ROWS_ITEM && num_seqs >= 4 * nt && rows > 0) {
+        if (!si->keep && rows <= ROWS_ITEM && num_seqs >= 4 * nt && rows > 0) {
             /* decode-like and enough sequences to share out: one item reads each cache block of
              * the sequence for all kv heads in turn (page and cache-line locality) */
             const int64_t keys = si->lim0 + si->nq / 2 + KB;
@@ -845,7 +849,7 @@ int pa_paged_attention(const bf16 *q, int64_t q_st, int64_t q_sh, const bf16 *k,
                 const int64_t keys = si->lim0 + (r0 + r1) / (2 * G) + KB;
                 if (si->chunks == 1) {
                     items[ni++] = (work_item){s, h, h + 1, r0, r1, 0, INT32_MAX, -1,
-                                              keys * (r1 - r0 + RB), si->ws_off >= 0};
+                                              keys * (r1 - r0 + RB), si->keep};
                     continue;
                 }
                 const int64_t stride = (int64_t)(r1 - r0) * (D + 2);
@@ -875,7 +879,7 @@ int pa_paged_attention(const bf16 *q, int64_t q_st, int64_t q_sh, const bf16 *k,
         const int tid = omp_get_thread_num();
         scratch *sc = (scratch *)(ws + scratch_off + (int64_t)sizeof(scratch) * tid);
         char *area = ws + area_bytes * tid;
-        int *my_upto = upto + (int64_t)tid * num_seqs * num_kv_heads;
+        packed_area held = {-1, 0, 0};
         for (int64_t i, after; (i = work_runs_next(item_runs, nt, tid, &after)) >= 0;) {
             const work_item *it = &items[i];
             next_keys then = {-1, 0, 0, 0};
@@ -891,7 +895,7 @@ int pa_paged_attention(const bf16 *q, int64_t q_st, int64_t q_sh, const bf16 *k,
                                            ? NULL
                                            : parts + it->part + (int64_t)(rb - it->r0) * (D + 2);
                     row_tile(&p, it->seq, h, rb, R, it->kb0, it->kb1, tile_part, sc, then, area,
-                             my_upto + it->seq * num_kv_heads + h);
+                             &held);
                 }
             }
         }
@@ -901,7 +905,6 @@ int pa_paged_attention(const bf16 *q, int64_t q_st, int64_t q_sh, const bf16 *k,
     }
     free(seqs);
     free(items);
-    free(upto);
     free(merges);
     return 0;
 }
