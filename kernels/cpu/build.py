@@ -42,9 +42,12 @@ SOURCES = tuple(
 )  # fmt: skip
 HEADERS = (_HERE / "cpu_kernels.h", _HERE / "simd_math.h", _HERE / "work_runs.h")
 REQUIRED_CPU_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_bf16")
+# -fschedule-insns with -fsched-pressure: gcc also schedules before register allocation,
+# minding register pressure; the GEMM epilogues and the attention's softmax interleave better
+# (bitwise the same code paths, a warm request ~1% faster). Without -fsched-pressure it spills.
 COMPILE_FLAGS = (
     "-O3", "-fPIC", "-std=gnu11", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq",
-    "-mavx512bf16", "-mfma", "-fopenmp",
+    "-mavx512bf16", "-mfma", "-fopenmp", "-fschedule-insns", "-fsched-pressure",
 )  # fmt: skip
 
 _lock = threading.Lock()
