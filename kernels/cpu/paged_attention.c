@@ -77,7 +77,7 @@ typedef struct {
     int kb0, kb1;            /* key blocks [kb0, kb1) (split-K chunk), or 0, INT32_MAX */
     int64_t part;            /* split-K: float offset of this chunk's partials, else -1 */
     int64_t cost;
-    int packed; /* the sequence keeps its packed K/V (a thread packs them once) */
+    int keep;   /* the sequence keeps its packed K/V (a thread packs them once) */
 } work_item;
 
 /* Split-K bookkeeping of one (sequence, kv head, query rows) whose keys were chunked: the
@@ -587,7 +587,8 @@ static void row_tile(const problem *p, int s, int h, int rb, int R, int kb0, int
     }
     uint32_t *kpre = NULL, *vpre = NULL;
     const void **vrows_pre = NULL;
-    int packed = kb0; /* blocks [kb0, packed) are in kpre / vpre already */
+    int packed = kb0; /* blocks [kb0, packed) are in kpre / vpre already (a kept sequence's
+                       * tiles start at block 0), the later ones are packed here */
     if (si->keep) {
         if (held->seq != s || held->h != h) *held = (packed_area){s, h, 0};
         kpre = (uint32_t *)area;
@@ -595,17 +596,16 @@ static void row_tile(const problem *p, int s, int h, int rb, int R, int kb0, int
         if (values_in_place(p)) vrows_pre = (const void **)vpre;
         packed = held->blocks;
     }
-    const int f0 = packed > kb0 ? packed : kb0; /* the first block packed here */
     block_args a;
     a.pf_lines = 0;
-    /* packing here, from block f0 on: the rows of block kb in slot (kb - f0) % 3; those of
-     * kb + 1 came in before, those of kb + 2 are prefetched during the step of kb, spread over
-     * its loops (`lines` a pool row's; the few bf16 rows of new tokens past a quantized pool's
-     * are hot) */
+    /* packing here, from block `packed` on: the rows of block kb in slot (kb - packed) % 3;
+     * those of kb + 1 came in before, those of kb + 2 are prefetched during the step of kb,
+     * spread over its loops (`lines` a pool row's; the few bf16 rows of new tokens past a
+     * quantized pool's are hot) */
     int npool[3] = {0, 0, 0}; /* leading rows of kr[i] / vr[i] that are pool rows */
     const int lines = (D * p->esize + 63) / 64;
-    for (int f = 0; f < 2 && (f0 + f) * KB < lim_hi; f++) {
-        npool[f] = key_rows(p, s, h, (f0 + f) * KB, sc->kr[f], sc->vr[f]);
+    for (int f = 0; f < 2 && (packed + f) * KB < lim_hi; f++) {
+        npool[f] = key_rows(p, s, h, (packed + f) * KB, sc->kr[f], sc->vr[f]);
         prefetch_rows(sc->kr[f], sc->vr[f], npool[f], p->esize, D);
     }
     for (int kb = kb0; kb * KB < lim_hi; kb++) {
@@ -616,7 +616,7 @@ static void row_tile(const problem *p, int s, int h, int rb, int R, int kb0, int
             a.vrows = vrows_pre ? vrows_pre + (int64_t)kb * KB : NULL;
         } else {
             step = PF_STEPS[R];
-            const int cur = (kb - f0) % 3, far = (kb - f0 + 2) % 3;
+            const int cur = (kb - packed) % 3, far = (kb - packed + 2) % 3;
             a.pf_lines = 0;
             if ((kb + 2) * KB < lim_hi) {
                 npool[far] = key_rows(p, s, h, (kb + 2) * KB, sc->kr[far], sc->vr[far]);
@@ -699,12 +699,12 @@ static void merge_split(const problem *p, const split_merge *m, float *parts) {
 
 /* Item order: the items of sequences that keep their packed K/V first, by (sequence, kv head,
  * rows), so that a thread's run packs one kv head's keys once and keeps them in its L2 for
- * several items; then the others,
- * costliest first (stealing from the back of the runs then balances the tail). */
+ * several items; then the others, costliest first (stealing from the back of the runs then
+ * balances the tail). */
 static int by_order(const void *x, const void *y) {
     const work_item *a = x, *b = y;
-    if (a->packed != b->packed) return b->packed - a->packed;
-    if (!a->packed && a->cost != b->cost) return (a->cost < b->cost) - (a->cost > b->cost);
+    if (a->keep != b->keep) return b->keep - a->keep;
+    if (!a->keep && a->cost != b->cost) return (a->cost < b->cost) - (a->cost > b->cost);
     if (a->seq != b->seq) return (a->seq > b->seq) - (a->seq < b->seq);
     if (a->h0 != b->h0) return (a->h0 > b->h0) - (a->h0 < b->h0);
     return (a->r0 > b->r0) - (a->r0 < b->r0);
@@ -883,7 +883,7 @@ int pa_paged_attention(const bf16 *q, int64_t q_st, int64_t q_sh, const bf16 *k,
         for (int64_t i, after; (i = work_runs_next(item_runs, nt, tid, &after)) >= 0;) {
             const work_item *it = &items[i];
             next_keys then = {-1, 0, 0, 0};
-            if (after >= 0 && !items[after].packed && it->h1 - it->h0 == 1 &&
+            if (after >= 0 && !items[after].keep && it->h1 - it->h0 == 1 &&
                 it->r1 - it->r0 <= RB) { /* one tile here (decode): the next item's keys */
                 const work_item *nx = &items[after];
                 then = (next_keys){nx->seq, nx->h0, nx->kb0, nx->kb1};
