@@ -6,9 +6,10 @@ Single-threaded by design: ``LLM`` drives it synchronously, ``AsyncLLM`` from on
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from prefixcache import PrefixCache
@@ -77,7 +78,7 @@ class EngineCore:
     def add_request(
         self,
         request_id: str,
-        prompt_token_ids: list[int],
+        prompt_token_ids: Sequence[int] | np.ndarray,
         params: SamplingParams,
         salt: str | None = None,
         prompt: str | None = None,

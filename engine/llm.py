@@ -7,6 +7,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from prefixcache import PrefixCache
@@ -135,14 +136,14 @@ class LLM:
         partly filled last one); returns how many prompt tokens are cached afterwards. ``pin``
         keeps them from eviction until unpinned."""
         token_ids = self._encode_all(prompt)[0]
-        self.generate([token_ids], SamplingParams(max_tokens=1, temperature=0.0), salt)
+        self.generate([token_ids.tolist()], SamplingParams(max_tokens=1, temperature=0.0), salt)
         if pin:
             self.cache.pin(token_ids, salt)
         return self.cache.lookup(token_ids, salt, partial_block=True)
 
     def encode(self, prompt: str | Sequence[int]) -> list[int]:
         """Token ids of one prompt, validated against the vocabulary and max_model_len."""
-        return self._encode_all(prompt)[0]
+        return self._encode_all(prompt)[0].tolist()
 
     def stats(self) -> dict[str, Any]:
         """Prefix-cache counters plus engine counters."""
@@ -157,13 +158,15 @@ class LLM:
         return stats
 
     # ------------------------------------------------------------------ internals
-    def _encode_all(self, prompts: Any) -> list[list[int]]:
+    def _encode_all(self, prompts: Any) -> list[np.ndarray]:  # each [num_tokens] int32
         return [
             to_token_ids(p, self.tokenizer.encode, self.config.vocab_size, self.max_model_len)
             for p in normalize_prompts(prompts)
         ]
 
-    def check_request(self, token_ids: list[int], params: SamplingParams, salt: str | None) -> None:
+    def check_request(
+        self, token_ids: Sequence[int] | np.ndarray, params: SamplingParams, salt: str | None
+    ) -> None:
         """TypeError/ValueError for a bad salt, bad params, or a request that could never fit in
         the KV pool, even alone."""
         check_salt(salt)
@@ -177,7 +180,7 @@ class LLM:
                 f"the request needs {needed} KV blocks; the pool has {self.cache.num_blocks}"
             )
 
-    def _add(self, token_ids: list[int], params: SamplingParams, salt: str | None) -> str:
+    def _add(self, token_ids: np.ndarray, params: SamplingParams, salt: str | None) -> str:
         request_id = f"req-{next(self._ids)}"
         self.engine.add_request(request_id, token_ids, params, salt)
         return request_id

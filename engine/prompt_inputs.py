@@ -1,9 +1,11 @@
-"""Turning what a caller passes as prompts into validated token id lists."""
+"""Turning what a caller passes as prompts into validated token id arrays."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from typing import Any
+
+import numpy as np
 
 Prompt = str | Sequence[int]
 
@@ -34,26 +36,27 @@ def to_token_ids(
     encode: Callable[[str], list[int]],
     vocab_size: int,
     max_model_len: int,
-) -> list[int]:
-    """Encode a text prompt (or check a token prompt): non-empty, ids in the vocabulary, and
-    at most ``max_model_len - 1`` tokens so at least one token can be generated."""
-    if isinstance(prompt, str):
-        token_ids = encode(prompt)
-    elif set(map(type, prompt)) <= {int}:
-        token_ids = list(prompt)  # plain ints already (the common case: one pass in C)
-    else:
-        token_ids = [int(t) for t in prompt]
-    if not token_ids:
+) -> np.ndarray:  # [num_tokens] int32
+    """Encode a text prompt (or check a token prompt, whose elements ``normalize_prompts``
+    found to be ints): non-empty, ids in the vocabulary, and at most ``max_model_len - 1``
+    tokens so at least one token can be generated. One conversion to an array, checked by
+    numpy: a long prompt costs a pass in C, not one per check."""
+    try:
+        token_ids = np.asarray(encode(prompt) if isinstance(prompt, str) else prompt, np.int64)
+    except OverflowError:
+        raise ValueError("a token id does not fit in 64 bits") from None
+    if not token_ids.size:
         raise ValueError("the prompt is empty")
-    if min(token_ids) < 0 or max(token_ids) >= vocab_size:
-        bad = next(t for t in token_ids if not 0 <= t < vocab_size)
+    low, high = int(token_ids.min()), int(token_ids.max())
+    if low < 0 or high >= vocab_size:
+        bad = low if low < 0 else high
         raise ValueError(f"token id {bad} is outside the vocabulary [0, {vocab_size})")
     if len(token_ids) >= max_model_len:
         raise ValueError(
             f"the prompt has {len(token_ids)} tokens; max_model_len is {max_model_len} "
             "(the prompt plus at least one generated token must fit)"
         )
-    return token_ids
+    return token_ids.astype(np.int32)
 
 
 def _are_token_ids(values: Sequence[object]) -> bool:

@@ -24,6 +24,7 @@ def llm(tiny_llama_dir: Path) -> LLM:
         ([[1, 2, 10_000]], "outside the vocabulary"),
         ([[1, -2]], "outside the vocabulary"),
         ([list(range(1, 80))], "max_model_len"),
+        ([[1, 2**70]], "64 bits"),
     ],
 )
 def test_bad_prompts_raise_value_error(llm: LLM, prompt: object, message: str) -> None:
@@ -34,7 +35,7 @@ def test_bad_prompts_raise_value_error(llm: LLM, prompt: object, message: str) -
     llm.cache.check_invariants()
 
 
-@pytest.mark.parametrize("prompt", [3.5, [1.5, 2.0], [[1, 2], 7], {"a": 1}])
+@pytest.mark.parametrize("prompt", [3.5, [1.5, 2.0], [[1, 2], 7], {"a": 1}, [[1, True, 3]]])
 def test_wrong_types_raise_type_error(llm: LLM, prompt: object) -> None:
     with pytest.raises(TypeError):
         llm.generate(prompt, SamplingParams(max_tokens=4))
