@@ -279,6 +279,9 @@ class PrefixCache:
 
     def release(self, block_ids: Sequence[int] | np.ndarray) -> None:
         """Drop one reference per occurrence of each block (a double free raises ValueError)."""
+        if isinstance(block_ids, list) and len(block_ids) == 1:  # a copy-on-write's source
+            self._release_one(as_block_id(block_ids[0], self.num_blocks))
+            return
         unique, counts = np.unique(as_block_ids(block_ids, self.num_blocks), return_counts=True)
         refs = self.pool.ref[unique]
         over = counts > refs
@@ -290,6 +293,25 @@ class PrefixCache:
             )
         self.pool.add_refs(unique, -counts)
         self._after_release(unique[counts == refs])
+
+    def _release_one(self, block: int) -> None:
+        """``release([block])`` without arrays."""
+        ref = int(self.pool.ref[block])
+        if ref == 0:
+            raise ValueError(
+                f"block {block} released more times than it is held (ref 0): double free"
+            )
+        self.pool.ref[block] = ref - 1
+        if ref > 1:
+            return
+        self.pool.num_in_use -= 1
+        owner = int(self.tree.node_of[block])
+        if owner < 0:
+            self.pool.put_free(np.array([block], dtype=np.int32))
+            return
+        node = self.tree.nodes[owner]
+        assert node is not None
+        self._refresh(node)
 
     def fork(self, block_ids: Sequence[int] | np.ndarray) -> None:
         """One more reference on each block (share a sequence's blocks with a branch)."""
