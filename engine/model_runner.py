@@ -22,19 +22,19 @@ from prefixcache.kernels import (
 from prefixcache.kernels.cpu.decoder_layer import PagedStep
 
 
-def copy_waves(ops: list[CopyOp]) -> list[list[list[int]]]:
-    """``ops`` as batches of ``[src, dst]`` pairs to run one after another, in order, with no
-    batch writing a block it also reads (``copy_blocks`` runs a batch's pairs at once). A
-    block one op reads can be freed and handed out as another op's destination in the same
-    step: the read comes first."""
-    waves: list[list[list[int]]] = []
+def copy_waves(ops: list[CopyOp]) -> list[list[CopyOp]]:
+    """``ops`` as batches to run one after another, in order, with no batch writing a block it
+    also reads (``copy_blocks`` runs a batch's pairs at once). A block one op reads can be
+    freed and handed out as another op's destination in the same step: the read comes
+    first."""
+    waves: list[list[CopyOp]] = []
     reads: set[int] = set()
     writes: set[int] = set()
     for op in ops:
         if not waves or op.dst in reads or op.src in writes:
             waves.append([])
             reads, writes = set(), set()
-        waves[-1].append([op.src, op.dst])
+        waves[-1].append(op)
         reads.add(op.src)
         writes.add(op.dst)
     return waves
@@ -162,8 +162,8 @@ class ModelRunner:
 
     def _sampled_hidden(self, out: SchedulerOutput) -> torch.Tensor:  # [num_sampled, hidden]
         for wave in copy_waves(out.copy_ops):
-            pairs = torch.tensor(wave, dtype=torch.int64, device=self.device)  # [n, 2]
-            self.copy_blocks(pairs)
+            pairs = torch.tensor([op[:2] for op in wave], dtype=torch.int64, device=self.device)
+            self.copy_blocks(pairs, [op.num_tokens for op in wave])  # pairs: [n, 2]
         meta = build_attention_metadata(out, self.kv.block_size).to(self.device)
         attention = PagedAttention(self.kv, meta, self.scale)
         # Only the sampled rows leave the last layer.

@@ -139,7 +139,7 @@ class Scheduler:
         if partial is not None:
             # the runner copies before the step writes anything, so the source may be freed
             # (even reallocated) by the time it runs
-            out.copy_ops.append(CopyOp(partial, fresh[0]))
+            out.copy_ops.append(CopyOp(partial, fresh[0], match.partial_tokens))
             self.cache.release([partial])
         request.block_ids = cached + fresh
         request.num_computed_tokens = num_cached

@@ -76,9 +76,11 @@ def copy_blocks(
 def block_copier(
     k_caches: Sequence[torch.Tensor],  # per layer [num_blocks, block_size, kv_heads, head_dim]
     v_caches: Sequence[torch.Tensor],  # per layer [num_blocks, block_size, kv_heads, head_dim]
-) -> Callable[[torch.Tensor], None]:
-    """A function of ``src_dst`` ([num_pairs, 2] int64, no destination among the sources)
-    that runs ``copy_blocks`` in every layer's pools: on CPU one compiled call for all."""
+) -> Callable[..., None]:
+    """A function of ``src_dst`` ([num_pairs, 2] int64, no destination among the sources) and
+    optionally ``num_tokens`` (per pair: how many leading token slots are needed, None: all)
+    that runs ``copy_blocks`` in every layer's pools: on CPU one compiled call for all, which
+    copies only the slots asked for; elsewhere whole blocks (a superset)."""
     pools = [*k_caches, *v_caches]
     if (
         get_kernel_backend() == "auto"
@@ -87,7 +89,7 @@ def block_copier(
     ):
         return cpu_kernels().BlockCopier(pools)
 
-    def per_layer(src_dst: torch.Tensor) -> None:
+    def per_layer(src_dst: torch.Tensor, num_tokens: Sequence[int | None] | None = None) -> None:
         for k_cache, v_cache in zip(k_caches, v_caches, strict=True):
             copy_blocks(k_cache, v_cache, src_dst)
 

@@ -47,10 +47,13 @@ class PrefixMatch(NamedTuple):
 
 
 class CopyOp(NamedTuple):
-    """Copy physical block ``src`` into ``dst`` before the step that writes into ``dst``."""
+    """Copy physical block ``src`` into ``dst`` before the step that writes into ``dst``: the
+    whole block, or with ``num_tokens`` only its first ``num_tokens`` token slots (the rest of
+    ``dst`` is written by the step itself, as after a partial-block hit)."""
 
     src: int
     dst: int
+    num_tokens: int | None = None
 
 
 class PrefixCache:

@@ -24,7 +24,8 @@ int pc_store_kv(const bf16 *k, int64_t k_token_stride, int64_t k_head_stride, co
                 const int64_t *slots, int64_t tokens, int64_t num_kv_heads, int64_t head_dim,
                 int64_t num_slots);
 int pc_copy_blocks(char *const *pools, int64_t num_pools, int64_t block_bytes,
-                   int64_t num_blocks, const int64_t *pairs, int64_t num_pairs);
+                   int64_t num_blocks, const int64_t *pairs, int64_t num_pairs,
+                   const int64_t *bytes);
 /* linear.c */
 void pc_linear(const bf16 *x, int64_t x_stride, int64_t rows, int64_t k_pairs,
                const bf16 *packed, int64_t n_out, const bf16 *bias, bf16 *out,

@@ -138,16 +138,22 @@ int pc_store_kv(const bf16 *k, int64_t k_token_stride, int64_t k_head_stride, co
 
 /*
  * Copy-on-write copies in every pool at once: pools[i] holds num_blocks blocks of block_bytes
- * bytes; for each pair p, block pairs[2p] is copied into block pairs[2p + 1] in every pool, the
- * pairs in order. Returns 0, or -1 (nothing copied) for a block id outside [0, num_blocks).
+ * bytes; for each pair p, the first bytes[p] bytes of block pairs[2p] (bytes NULL: all
+ * block_bytes) are copied into block pairs[2p + 1] in every pool, the pairs in order. Returns
+ * 0, or -1 (nothing copied) for a block id outside [0, num_blocks) or a byte count outside
+ * [0, block_bytes].
  */
 int pc_copy_blocks(char *const *pools, int64_t num_pools, int64_t block_bytes,
-                   int64_t num_blocks, const int64_t *pairs, int64_t num_pairs) {
+                   int64_t num_blocks, const int64_t *pairs, int64_t num_pairs,
+                   const int64_t *bytes) {
     for (int64_t i = 0; i < 2 * num_pairs; i++)
         if (pairs[i] < 0 || pairs[i] >= num_blocks) return -1;
+    for (int64_t p = 0; bytes && p < num_pairs; p++)
+        if (bytes[p] < 0 || bytes[p] > block_bytes) return -1;
     for (int64_t pool = 0; pool < num_pools; pool++)
         for (int64_t p = 0; p < num_pairs; p++)
             memcpy(pools[pool] + pairs[2 * p + 1] * block_bytes,
-                   pools[pool] + pairs[2 * p] * block_bytes, (size_t)block_bytes);
+                   pools[pool] + pairs[2 * p] * block_bytes,
+                   (size_t)(bytes ? bytes[p] : block_bytes));
     return 0;
 }

@@ -168,9 +168,9 @@ def store_kv_cpu(
 
 
 class BlockCopier:
-    """Copies whole blocks in a fixed set of pools (raw bytes, any element type) with one
-    compiled call; the pools are checked once, here. ValueError for pools that are not
-    contiguous CPU tensors of one shape and dtype."""
+    """Copies blocks, whole or their first token slots, in a fixed set of pools (raw bytes,
+    any element type) with one compiled call; the pools are checked once, here. ValueError
+    for pools that are not contiguous CPU tensors of one shape and dtype."""
 
     def __init__(self, pools: Sequence[torch.Tensor]) -> None:  # each [num_blocks, ...]
         if not pools:
@@ -184,12 +184,20 @@ class BlockCopier:
         self.pools = list(pools)  # keeps the pointers valid
         self.num_blocks = first.shape[0]
         self.block_bytes = first[0].numel() * first.element_size() if self.num_blocks else 0
+        # a token slot: one index of dim 1 ([num_blocks, block_size, ...] pools)
+        self.slots = first.shape[1] if first.dim() > 1 else 1
         self._pointers = (ctypes.c_void_p * len(pools))(*(pool.data_ptr() for pool in pools))
 
-    def __call__(self, src_dst: torch.Tensor) -> None:  # [num_pairs, 2] int
-        """Copy block ``src_dst[i, 0]`` into ``src_dst[i, 1]`` in every pool. No destination
-        may be among the sources (the pairs run in order); ValueError, with nothing copied,
-        for that or a block id outside the pools."""
+    def __call__(
+        self,
+        src_dst: torch.Tensor,  # [num_pairs, 2] int
+        num_tokens: Sequence[int | None] | None = None,  # [num_pairs]: leading slots, None: all
+    ) -> None:
+        """Copy block ``src_dst[i, 0]`` into ``src_dst[i, 1]`` in every pool, or with
+        ``num_tokens[i]`` only its first that many token slots (dim 1 of the pools). No
+        destination may be among the sources (the pairs run in order); ValueError, with
+        nothing copied, for that, a block id outside the pools or a slot count outside
+        [0, slots per block]."""
         if src_dst.numel() == 0:
             return
         pairs = src_dst.to(torch.int64).contiguous()
@@ -197,12 +205,23 @@ class BlockCopier:
             raise ValueError(f"src_dst must be [num_pairs, 2], got {tuple(src_dst.shape)}")
         if set(pairs[:, 1].tolist()) & set(pairs[:, 0].tolist()):
             raise ValueError("a destination block is also a source")
+        counts = None
+        if num_tokens is not None and any(n is not None for n in num_tokens):
+            if len(num_tokens) != pairs.shape[0]:
+                raise ValueError(f"{len(num_tokens)} token counts for {pairs.shape[0]} pairs")
+            slot_bytes = self.block_bytes // self.slots
+            counts = (ctypes.c_int64 * len(num_tokens))(
+                *(self.block_bytes if n is None else int(n) * slot_bytes for n in num_tokens)
+            )
         status = _library().pc_copy_blocks(
             self._pointers, len(self.pools), self.block_bytes, self.num_blocks,
-            pairs.data_ptr(), pairs.shape[0],
+            pairs.data_ptr(), pairs.shape[0], counts,
         )  # fmt: skip
         if status:
-            raise ValueError(f"a block id is outside the pools' [0, {self.num_blocks})")
+            raise ValueError(
+                f"a block id is outside the pools' [0, {self.num_blocks}) or a token count "
+                f"outside [0, {self.slots}]"
+            )
 
 
 def copy_blocks_cpu(

@@ -129,3 +129,27 @@ def test_block_copier_copies_every_pool_like_the_reference(kv_cache_dtype: str) 
             with pytest.raises(ValueError):
                 cpu_kernels().copy_blocks_cpu(pools, torch.tensor(bad))
         assert all(torch.equal(raw(p), b) for p, b in zip(pools, before, strict=True))
+
+
+@pytest.mark.skipif(
+    not cpu_kernels().cpu_attention_available(), reason="needs the compiled CPU kernels"
+)
+def test_block_copier_copies_the_leading_token_slots_asked_for() -> None:
+    """With token counts, each pair copies only its block's first that many slots (all for
+    None, none for 0) and leaves the rest of the destination as it was; a count outside
+    [0, block_size] or one count per pair missing is refused with nothing copied."""
+    shape = (NUM_BLOCKS, BLOCK_SIZE, KV_HEADS, HEAD_DIM)
+    pools = [torch.randn(shape).to(torch.bfloat16) for _ in range(4)]
+    before = [pool.clone() for pool in pools]
+    copier = cpu_kernels().BlockCopier(pools)
+    copier(torch.tensor([[0, 7], [3, 8], [5, 9]]), [5, None, 0])
+    for pool, old in zip(pools, before, strict=True):
+        expected = old.clone()
+        expected[7, :5] = old[0, :5]
+        expected[8] = old[3]
+        assert torch.equal(pool, expected)
+    copied = [pool.clone() for pool in pools]
+    for bad in ([BLOCK_SIZE + 1], [-1], [2, 2]):
+        with pytest.raises(ValueError):
+            copier(torch.tensor([[1, 10]]), bad)
+    assert all(torch.equal(p, c) for p, c in zip(pools, copied, strict=True))
