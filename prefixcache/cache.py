@@ -483,6 +483,17 @@ class PrefixCache:
         self.index.set_evictable(node, self._is_evictable(node))
 
     def _check_insertable(self, new_ids: np.ndarray) -> None:
+        if len(new_ids) <= _FEW_IDS:  # a step's few new blocks: scalar reads, no array passes
+            ids = new_ids.tolist()
+            if len(set(ids)) != len(ids):
+                raise ValueError("a block id appears twice among the blocks to cache")
+            for block in ids:
+                if self.pool.ref[block] == 0:
+                    raise ValueError(f"block {block} is not in use; allocate it first")
+            for block in ids:
+                if self.tree.node_of[block] >= 0:
+                    raise ValueError(f"block {block} already caches another prefix")
+            return
         if len(np.unique(new_ids)) != len(new_ids):
             raise ValueError("a block id appears twice among the blocks to cache")
         unheld = self.pool.ref[new_ids] == 0
@@ -557,6 +568,10 @@ class PrefixCache:
         elif parent is not None and not parent.is_root:
             self._refresh(parent)
         return count
+
+
+_FEW_IDS = 8
+"""Up to this many block ids are checked one by one (cheaper than numpy's passes)."""
 
 
 def _token_limit(tokens: np.ndarray, max_tokens: int | None) -> int:

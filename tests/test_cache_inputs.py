@@ -253,3 +253,26 @@ def test_unpin_without_pin(cache: PrefixCache) -> None:
     assert_rejected(cache, ValueError, lambda: cache.unpin(OTHER[:4], salt="s"))
     cache.unpin([*OTHER, 1], salt="s")
     assert_rejected(cache, ValueError, lambda: cache.unpin(OTHER, salt="s"))
+
+
+@pytest.mark.parametrize("count", [3, 12])  # checked one by one, and by numpy passes
+@pytest.mark.parametrize("flaw", ["twice", "unheld", "cached"])
+def test_insert_checks_every_new_block(count: int, flaw: str) -> None:
+    """A duplicate, unheld or already cached (and held) block among few or many new blocks is
+    a ValueError naming the problem, with nothing changed."""
+    cache = PrefixCache(num_blocks=32, block_size=BS)
+    cache_prompt(cache, PROMPT)
+    cached = cache.match(PROMPT).block_ids[0]
+    ids = cache.allocate(count)
+    if flaw == "twice":
+        ids[-1] = ids[0]
+    elif flaw == "unheld":
+        cache.release([ids[-1]])
+    else:
+        ids[-1] = cached
+    message = {"twice": "twice", "unheld": "not in use", "cached": "already caches"}[flaw]
+    before = state(cache)
+    with pytest.raises(ValueError, match=message):
+        cache.insert(list(range(100, 100 + count * BS)), ids)
+    assert state(cache) == before
+    cache.check_invariants()
