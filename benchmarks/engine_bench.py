@@ -92,7 +92,7 @@ def timed_hf(model: torch.nn.Module, token_ids: list[int]) -> float:
     return time.perf_counter() - start
 
 
-ZERO_HIT_ROUNDS = 6  # (caching on, caching off) runs of the 0%-hit workload
+ZERO_HIT_ROUNDS = 10  # (caching on, caching off) runs of the 0%-hit workload (single runs vary 5%)
 WARM_PAIRS_PER_ROUND = 3  # (warm request, transformers on its suffix) pairs: cheap, noisy
 
 
