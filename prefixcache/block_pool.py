@@ -47,6 +47,16 @@ class BlockPool:
         self._free[top : top + len(ids)] = ids
         self._free_top = top + len(ids)
 
+    def drop_ref(self, block: int) -> int:
+        """One reference fewer on ``block`` (the caller checked it holds one); returns the
+        count left. The scalar path of ``add_refs(ids, -1)``, as ``take_free(1)`` is of a
+        larger ``take_free``."""
+        left = int(self.ref[block]) - 1
+        self.ref[block] = left
+        if left == 0:
+            self.num_in_use -= 1
+        return left
+
     def acquire_unique(self, ids: np.ndarray) -> None:  # ids: [n] distinct block ids
         """+1 reference on each of ``ids`` (no duplicates, so plain fancy indexing is exact)."""
         before = self.ref[ids]

@@ -299,15 +299,12 @@ class PrefixCache:
 
     def _release_one(self, block: int) -> None:
         """``release([block])`` without arrays."""
-        ref = int(self.pool.ref[block])
-        if ref == 0:
+        if self.pool.ref[block] == 0:
             raise ValueError(
                 f"block {block} released more times than it is held (ref 0): double free"
             )
-        self.pool.ref[block] = ref - 1
-        if ref > 1:
+        if self.pool.drop_ref(block):
             return
-        self.pool.num_in_use -= 1
         owner = int(self.tree.node_of[block])
         if owner < 0:
             self.pool.put_free(np.array([block], dtype=np.int32))
