@@ -56,10 +56,15 @@ def _environment() -> ImmutableSandboxedEnvironment:
     return env
 
 
-def _flatten_content(content: Any) -> Any:
-    """OpenAI content parts `[{"type": "text", "text": ...}]` -> one string."""
-    if not isinstance(content, list):
+def _flatten_content(content: Any) -> str | None:
+    """A message's content: text, None, or OpenAI content parts `[{"type": "text", "text":
+    ...}]` (joined into one string)."""
+    if content is None or isinstance(content, str):
         return content
+    if not isinstance(content, list):
+        raise ChatTemplateError(
+            f"content must be a string, a list of text parts or null, got {content!r}"
+        )
     texts = []
     for part in content:
         if not isinstance(part, Mapping) or part.get("type") != "text":
@@ -91,9 +96,13 @@ class ChatTemplate:
         arguments are passed to the template (e.g. `documents`, `enable_thinking`).
         """
         prepared = []
-        for message in messages:
+        for index, message in enumerate(messages):
             if not isinstance(message, Mapping) or "role" not in message:
                 raise ChatTemplateError(f"each message needs a 'role', got {message!r}")
+            if not isinstance(message["role"], str):
+                raise ChatTemplateError(
+                    f"message {index}: 'role' must be a string, got {message['role']!r}"
+                )
             prepared.append({**message, "content": _flatten_content(message.get("content"))})
         context = {"bos_token": self.bos_token, "eos_token": self.eos_token, **extra}
         try:
@@ -101,6 +110,8 @@ class ChatTemplate:
                                          add_generation_prompt=add_generation_prompt, **context)
         except jinja2.exceptions.TemplateError as error:
             raise ChatTemplateError(f"chat template failed: {error}") from error
+        except (TypeError, ValueError) as error:  # e.g. a template adding up a null content
+            raise ChatTemplateError(f"chat template failed on these messages: {error}") from error
 
 
 def chat_template_from_tokenizer_config(config: Mapping[str, Any], name: str = "default") -> \

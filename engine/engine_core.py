@@ -179,8 +179,7 @@ class EngineCore:
         )
         child.metrics.first_scheduled_time = parent.metrics.first_scheduled_time
         self.scheduler.fork(parent, child)
-        seed = None if group.params.seed is None else group.params.seed + index
-        child_sample = _Sample(child, self._new_text(), make_generator(seed))
+        child_sample = _Sample(child, self._new_text(), make_generator(group.params.seed, index))
         group.samples.append(child_sample)
         self._by_request[child] = group
         return child_sample

@@ -7,12 +7,15 @@ import torch
 from prefixcache.engine.sampling_params import SamplingParams
 
 
-def make_generator(seed: int | None) -> torch.Generator | None:
-    """A private generator for a seeded request (reproducible whatever else runs beside it)."""
+def make_generator(seed: int | None, sample_index: int = 0) -> torch.Generator | None:
+    """A private generator for sample ``sample_index`` of a request seeded with ``seed`` (a
+    validated ``SamplingParams.seed``), reproducible whatever else runs beside it: seeded with
+    ``seed + sample_index`` modulo 2**64, the same generator torch makes of a negative seed,
+    and never out of its range."""
     if seed is None:
         return None
     generator = torch.Generator()
-    generator.manual_seed(seed)
+    generator.manual_seed((seed + sample_index) % 2**64)
     return generator
 
 

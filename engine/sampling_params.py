@@ -4,14 +4,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1  # the seeds a torch.Generator takes
+
 
 @dataclass
 class SamplingParams:
     """Per-request decoding settings (the names vLLM and the OpenAI API use).
 
     ``temperature == 0`` is greedy. ``top_k == -1`` / ``top_p == 1`` disable those filters.
-    ``seed`` makes sampling reproducible per request. ``stop`` strings and ``stop_token_ids``
-    end generation (a stop string is cut from the text unless ``include_stop_str_in_output``).
+    ``seed`` (in [-2**63, 2**64 - 1]) makes sampling reproducible per request; sample ``i`` of
+    ``n`` draws from ``seed + i`` (modulo 2**64, as torch reads a negative seed). ``stop``
+    strings and ``stop_token_ids`` end generation (a stop string is cut from the text unless
+    ``include_stop_str_in_output``).
     ``n`` samples share the prompt's KV blocks by reference count (copy-on-write).
     """
 
@@ -46,6 +50,8 @@ class SamplingParams:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.seed is not None:
             _check_int("seed", self.seed, minimum=None)
+            if not SEED_MIN <= self.seed <= SEED_MAX:
+                raise ValueError(f"seed must be in [-2**63, 2**64 - 1], got {self.seed}")
         if not all(isinstance(s, str) and s for s in self.stop):
             raise TypeError("stop must be a string or a list of non-empty strings")
         for token in self.stop_token_ids:

@@ -74,6 +74,14 @@ def test_openai_text_parts_are_joined():
 def test_bad_messages_and_bad_templates():
     with pytest.raises(ChatTemplateError, match="needs a 'role'"):
         ChatTemplate(TINY_CHAT_TEMPLATE).render([{"content": "no role"}])
+    with pytest.raises(ChatTemplateError, match="'role' must be a string"):
+        ChatTemplate(TINY_CHAT_TEMPLATE).render([{"role": 5, "content": "x"}])
+    with pytest.raises(ChatTemplateError, match="content must be a string, a list of text"):
+        ChatTemplate(TINY_CHAT_TEMPLATE).render([{"role": "user", "content": 7}])
+    adds_content = ChatTemplate("{% for m in messages %}{{ '<' + m['content'] }}{% endfor %}")
+    with pytest.raises(ChatTemplateError, match="failed on these messages"):
+        adds_content.render([{"role": "user", "content": None}])
+    assert adds_content.render([{"role": "user", "content": "x"}]) == "<x"
     with pytest.raises(ChatTemplateError, match="does not compile"):
         ChatTemplate("{% for m in messages %}")
     with pytest.raises(ValueError, match="non-empty"):

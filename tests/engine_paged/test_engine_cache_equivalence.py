@@ -177,6 +177,22 @@ def test_a_finished_request_is_cached_to_its_last_token(tiny_llama_hd64_dir: Pat
     assert_idle_and_consistent(llm)
 
 
+def test_seeds_of_forked_samples_wrap_around_torch_range(tiny_llama_dir: Path) -> None:
+    """Sample i of n draws from seed + i modulo 2**64: the largest seed's second sample
+    draws what seed 0 does, a negative seed what torch makes of it, and nothing overflows."""
+    llm = LLM(str(tiny_llama_dir), dtype="float32", num_blocks=64, block_size=4)
+    prompt = list(range(1, 11))
+
+    def first_tokens(seed: int, n: int) -> list[list[int]]:
+        params = SamplingParams(n=n, max_tokens=1, temperature=1.0, seed=seed)
+        return [o.token_ids for o in llm.generate([prompt], params)[0].outputs]
+
+    largest = first_tokens(2**64 - 1, n=3)
+    assert largest[1:] == [first_tokens(0, n=1)[0], first_tokens(1, n=1)[0]]
+    assert first_tokens(-(2**63), n=2) == first_tokens(2**63, n=2)
+    assert_idle_and_consistent(llm)
+
+
 def test_forked_samples_that_end_at_once_share_their_last_block(tiny_llama_dir: Path) -> None:
     """n samples of one token each finish on the prompt's shared, partly filled block: the
     first caches it, the others find it cached already, and nothing leaks."""

@@ -51,6 +51,9 @@ def test_wrong_types_raise_type_error(llm: LLM, prompt: object) -> None:
         ({"top_k": 0}, ValueError),
         ({"n": 0}, ValueError),
         ({"stop": [""]}, TypeError),
+        ({"seed": 2**64}, ValueError),
+        ({"seed": -(2**63) - 1}, ValueError),
+        ({"seed": 1.5}, TypeError),
     ],
 )
 def test_bad_sampling_params(kwargs: dict, error: type) -> None:

@@ -38,6 +38,7 @@ BAD_BODIES = [
     ("/v1/completions", {**OK_COMPLETION, "temperature": -1.0}, 400, "temperature", None),
     ("/v1/completions", {**OK_COMPLETION, "top_p": 0.0}, 400, "top_p", None),
     ("/v1/completions", {**OK_COMPLETION, "stop": [""]}, 400, "stop", None),
+    ("/v1/completions", {**OK_COMPLETION, "seed": 2**64}, 400, "seed", None),
     ("/v1/completions", {**OK_COMPLETION, "cache_salt": 42}, 400, "cache_salt", None),
     ("/v1/completions", {**OK_COMPLETION, "cache_salt": ""}, 400, "cache_salt", None),
     ("/v1/completions", {**OK_COMPLETION, "cache_salt": "s" * 1000}, 400, "cache_salt", None),
@@ -45,6 +46,8 @@ BAD_BODIES = [
     ("/v1/chat/completions", {**OK_CHAT, "messages": [{"content": "no role"}]}, 400,
      "messages", None),
     ("/v1/chat/completions", {**OK_CHAT, "messages": "hi"}, 400, "messages", None),
+    ("/v1/chat/completions", {**OK_CHAT, "messages": [{"role": "user", "content": 7}]}, 400,
+     "messages", None),
     ("/v1/chat/completions", {**OK_CHAT, "max_tokens": 0}, 400, "max_tokens", None),
     ("/v1/chat/completions", {**OK_CHAT, "model": "nope"}, 404, "model", "model_not_found"),
     ("/v1/chat/completions", {**OK_CHAT, "n": -1}, 400, "n", None),
@@ -96,6 +99,17 @@ def test_server_keeps_serving_after_bad_input(server: BackgroundServer) -> None:
         httpx.post(f"{server.base_url}{route}", json=body, timeout=30)
     response = httpx.post(f"{server.base_url}/v1/completions", json=OK_COMPLETION, timeout=30)
     assert response.status_code == 200 and response.json()["usage"]["completion_tokens"] == 2
+    assert_server_clean(server.base_url)
+
+
+def test_largest_seed_with_several_samples(server: BackgroundServer) -> None:
+    """Sample i draws from seed + i: past the seed range it wraps instead of failing the
+    engine for every later request."""
+    body = {**OK_CHAT, "seed": 2**64 - 1, "n": 3, "temperature": 1.0}
+    response = httpx.post(f"{server.base_url}/v1/chat/completions", json=body, timeout=30)
+    assert response.status_code == 200 and len(response.json()["choices"]) == 3
+    response = httpx.post(f"{server.base_url}/v1/completions", json=OK_COMPLETION, timeout=30)
+    assert response.status_code == 200
     assert_server_clean(server.base_url)
 
 
