@@ -17,7 +17,7 @@ from prefixcache.engine.kv_cache import PagedKVCache, blocks_for_memory
 from prefixcache.engine.model_registry import DEFAULT_MODEL, load_model
 from prefixcache.engine.model_runner import ModelRunner
 from prefixcache.engine.outputs import RequestOutput
-from prefixcache.engine.prompt_inputs import normalize_prompts, to_token_ids
+from prefixcache.engine.prompt_inputs import normalize_prompts, single_prompt, to_token_ids
 from prefixcache.engine.sampling_params import SamplingParams
 from prefixcache.engine.scheduler import Scheduler
 from prefixcache.engine.scheduling_policy import SchedulingPolicy
@@ -135,7 +135,7 @@ class LLM:
         """Prefill ``prompt`` without sampling, leaving it cached (its full blocks and the
         partly filled last one); returns how many prompt tokens are cached afterwards. ``pin``
         keeps them from eviction until unpinned."""
-        token_ids = self._encode_all(prompt)[0]
+        token_ids = self._encode_one(prompt)
         self.generate([token_ids.tolist()], SamplingParams(max_tokens=1, temperature=0.0), salt)
         if pin:
             self.cache.pin(token_ids, salt)
@@ -143,7 +143,7 @@ class LLM:
 
     def encode(self, prompt: str | Sequence[int]) -> list[int]:
         """Token ids of one prompt, validated against the vocabulary and max_model_len."""
-        return self._encode_all(prompt)[0].tolist()
+        return self._encode_one(prompt).tolist()
 
     def stats(self) -> dict[str, Any]:
         """Prefix-cache counters plus engine counters."""
@@ -159,10 +159,14 @@ class LLM:
 
     # ------------------------------------------------------------------ internals
     def _encode_all(self, prompts: Any) -> list[np.ndarray]:  # each [num_tokens] int32
-        return [
-            to_token_ids(p, self.tokenizer.encode, self.config.vocab_size, self.max_model_len)
-            for p in normalize_prompts(prompts)
-        ]
+        return [self._token_ids(p) for p in normalize_prompts(prompts)]
+
+    def _encode_one(self, prompt: Any) -> np.ndarray:  # [num_tokens] int32
+        return self._token_ids(single_prompt(prompt))
+
+    def _token_ids(self, prompt: str | Sequence[int]) -> np.ndarray:  # [num_tokens] int32
+        return to_token_ids(prompt, self.tokenizer.encode, self.config.vocab_size,
+                            self.max_model_len)
 
     def check_request(
         self, token_ids: Sequence[int] | np.ndarray, params: SamplingParams, salt: str | None

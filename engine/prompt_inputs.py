@@ -31,6 +31,18 @@ def normalize_prompts(prompts: Any) -> list[Prompt]:
     raise TypeError(f"prompts must be a string, token ids or a list of them, got {type(prompts)}")
 
 
+def single_prompt(prompt: Any) -> Prompt:
+    """``prompt`` if it is one prompt (a string or a list of int token ids; an empty list is an
+    empty prompt), else TypeError: where one prompt is expected, a list of them is refused
+    rather than cut to its first."""
+    if isinstance(prompt, str):
+        return prompt
+    if (isinstance(prompt, Sequence) and not isinstance(prompt, (bytes, bytearray))
+            and _are_token_ids(prompt)):
+        return list(prompt)
+    raise TypeError(f"a prompt must be a string or a list of int token ids, got {prompt!r:.60}")
+
+
 def to_token_ids(
     prompt: Prompt,
     encode: Callable[[str], list[int]],

@@ -41,6 +41,20 @@ def test_wrong_types_raise_type_error(llm: LLM, prompt: object) -> None:
         llm.generate(prompt, SamplingParams(max_tokens=4))
 
 
+def test_single_prompt_calls_refuse_a_list_of_prompts(llm: LLM) -> None:
+    """encode and warm take one prompt: a list of them is refused, not cut to its first, and
+    an empty token list is an empty prompt."""
+    for call in (llm.encode, llm.warm):
+        with pytest.raises(TypeError, match="a prompt must be a string or a list of int"):
+            call(["hello", "there"])
+        with pytest.raises(ValueError, match="the prompt is empty"):
+            call([])
+    assert llm.encode([5, 6]) == [5, 6]
+    assert llm.warm([5, 6, 7, 8, 9]) == 5
+    assert llm.stats()["in_use"] == 0
+    llm.cache.check_invariants()
+
+
 @pytest.mark.parametrize(
     ("kwargs", "error"),
     [

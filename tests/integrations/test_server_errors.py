@@ -29,6 +29,8 @@ BAD_BODIES = [
     ("/v1/completions", {**OK_COMPLETION, "prompt": [1, 99999]}, 400, "prompt", None),
     ("/v1/completions", {**OK_COMPLETION, "prompt": ""}, 400, "prompt", None),
     ("/v1/completions", {**OK_COMPLETION, "prompt": []}, 400, "prompt", None),
+    ("/v1/completions", {**OK_COMPLETION, "prompt": ["a", ""]}, 400, "prompt", None),
+    ("/v1/completions", {**OK_COMPLETION, "prompt": [[1, 2], []]}, 400, "prompt", None),
     ("/v1/completions", {**OK_COMPLETION, "max_tokens": 0}, 400, "max_tokens", None),
     ("/v1/completions", {**OK_COMPLETION, "max_tokens": -3}, 400, "max_tokens", None),
     ("/v1/completions", {**OK_COMPLETION, "max_tokens": MAX_MODEL_LEN}, 400, "max_tokens",
