@@ -19,7 +19,7 @@ from prefixcache.engine.request import Request
 from prefixcache.engine.sampler import make_generator, sample_token
 from prefixcache.engine.sampling_params import SamplingParams
 from prefixcache.engine.scheduler import Scheduler
-from prefixcache.engine.stop_checker import SequenceText, check_stop
+from prefixcache.engine.stop_checker import SequenceText, check_stop, stop_string_holdback
 
 
 @dataclass
@@ -208,7 +208,9 @@ class EngineCore:
             f"request needs more KV blocks than the pool can free "
             f"({self.cache.stats()['free']} free of {self.cache.num_blocks})"
         )
-        self.scheduler.finish(request, "abort")
+        for sample in group.samples:  # all of them: the group's snapshot ends its bookkeeping
+            if not sample.request.is_finished:
+                self.scheduler.finish(sample.request, "abort")
         touched[group.request_id] = group
 
     def _snapshot(self, group: _RequestGroup) -> RequestOutput:
@@ -216,7 +218,11 @@ class EngineCore:
         outputs = []
         for index, sample in enumerate(group.samples):
             request = sample.request
-            text = sample.text.text if request.is_finished else sample.text.update(request)
+            if request.is_finished:
+                text = sample.text.text
+            else:  # a tail that may be the start of a stop string waits for the next steps
+                text = sample.text.update(request)
+                text = text[: max(0, len(text) - stop_string_holdback(group.params))]
             outputs.append(
                 CompletionOutput(
                     index,

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from prefixcache.engine.request import Request
+from prefixcache.engine.sampling_params import SamplingParams
 
 
 class SequenceText:
@@ -53,6 +54,16 @@ class SequenceText:
         if not self._prefix_stable:
             return 0
         return max(0, previous_length - needle_length + 1)
+
+
+def stop_string_holdback(params: SamplingParams) -> int:
+    """How many trailing characters of a running sequence's text are not handed out yet:
+    one less than the longest stop string, which could still complete there and be cut
+    (none when stop strings are kept in the output), so the text a stream has sent is
+    always a prefix of the final text."""
+    if params.include_stop_str_in_output or not params.stop:
+        return 0
+    return max(len(stop) for stop in params.stop) - 1
 
 
 def check_stop(

@@ -42,6 +42,25 @@ def test_streams_growing_snapshots(engine: AsyncLLM, tiny_llama_dir: Path) -> No
     assert outputs[-1].token_ids == reference.generate([[1, 2, 3, 4, 5]], GREEDY)[0].token_ids
 
 
+def test_streamed_text_never_runs_past_a_stop_string(engine: AsyncLLM) -> None:
+    """A stop string that spans two tokens: the snapshot after the first of them must not
+    show its start, which the final text cuts; every snapshot's text is a prefix of the
+    final one."""
+    prompt = [1, 2, 3, 4, 5]
+    plain = asyncio.run(collect(engine, prompt))[-1]
+    text, ids = plain.text, plain.token_ids
+    decoded = [engine.llm.tokenizer.decode(ids[:i]) for i in range(1, len(ids))]
+    ends = [len(d) for d in decoded if d and text.startswith(d) and "\ufffd" not in d]
+    spans = [e for e in ends if e < len(text) and text.find(text[e - 1 : e + 1]) == e - 1]
+    assert spans, f"no token boundary to put a stop string across in {text!r}"
+    stop = text[spans[0] - 1 : spans[0] + 1]
+    params = SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True, stop=[stop])
+    outputs = asyncio.run(collect(engine, prompt, params=params))
+    final = outputs[-1].text
+    assert final == text[: spans[0] - 1] and outputs[-1].finished
+    assert all(final.startswith(out.text) for out in outputs)
+
+
 def test_many_concurrent_requests_all_complete(engine: AsyncLLM) -> None:
     prompts = [[(i * 5 + j) % 200 + 1 for j in range(12 + i % 5)] for i in range(24)]
 

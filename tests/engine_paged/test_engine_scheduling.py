@@ -77,6 +77,25 @@ def test_pinned_blocks_make_a_request_unschedulable(tiny_llama_dir: Path) -> Non
     llm.cache.check_invariants()
 
 
+def test_unschedulable_forked_request_fails_every_sample(tiny_llama_dir: Path) -> None:
+    """n > 1 samples that outgrow a pool held by pins: when one cannot be resumed, the
+    request fails as a whole (its other samples too) and the engine keeps serving."""
+    llm = LLM(str(tiny_llama_dir), dtype="float32", num_blocks=12, block_size=4)
+    pinned = list(range(1, 33))  # 8 blocks of 12
+    assert llm.warm(pinned, pin=True) == 32
+    engine = llm.engine
+    params = SamplingParams(max_tokens=17, n=2, temperature=1.0, seed=1, ignore_eos=True)
+    engine.add_request("forked", [200] * 3, params)  # a sample outgrows the 4 free blocks
+    outputs = []
+    while engine.has_unfinished():
+        outputs += engine.step()
+    assert outputs[-1].finished and "KV blocks" in (outputs[-1].error or "")
+    assert llm.stats()["in_use"] == 0
+    llm.cache.check_invariants()
+    assert llm.generate([[200] * 5], SamplingParams(max_tokens=4))[0].finished
+    assert llm.stats()["in_use"] == 0
+
+
 def test_request_tokens_buffer_grows_with_outputs() -> None:
     request = make_request("r", [1, 2, 3])
     request.append_token(7)
