@@ -183,6 +183,15 @@ class LLM:
             raise ValueError(
                 f"the request needs {needed} KV blocks; the pool has {self.cache.num_blocks}"
             )
+        pinned = self.cache.num_pinned_blocks if self.cache.num_pinned_nodes else 0
+        if needed > self.cache.num_blocks - pinned:
+            # pinned blocks on its own cached prefix are the request's to share
+            own = self.cache.lookup(token_ids, salt) // self.cache.block_size
+            if needed > self.cache.num_blocks - pinned + own:
+                raise ValueError(
+                    f"the request needs {needed} KV blocks; pins hold {pinned} of the pool's "
+                    f"{self.cache.num_blocks} ({own} of them on its prefix)"
+                )
 
     def _add(self, token_ids: np.ndarray, params: SamplingParams, salt: str | None) -> str:
         request_id = f"req-{next(self._ids)}"

@@ -93,10 +93,26 @@ class PrefixCache:
         self.evictions = 0
         self.blocks_stored = 0
         self.blocks_removed = 0
+        self._pinned: set[RadixNode] = set()  # nodes with pin_count > 0
 
     @property
     def num_blocks(self) -> int:
         return self.pool.num_blocks
+
+    @property
+    def num_pinned_nodes(self) -> int:
+        return len(self._pinned)
+
+    @property
+    def num_pinned_blocks(self) -> int:
+        """Blocks no eviction can free while the pins stand: those of every pinned node and of
+        the nodes above it (a pin keeps its whole path)."""
+        kept: set[RadixNode] = set()
+        for node in self._pinned:
+            while node is not None and not node.is_root and node not in kept:
+                kept.add(node)
+                node = node.parent
+        return sum(len(node.block_ids) for node in kept)
 
     # ------------------------------------------------------------------ prefix lookups
     def match(
@@ -357,6 +373,7 @@ class PrefixCache:
                 node = self.tree.split(node, matched)
             shared = 0
         node.pin_count += 1
+        self._pinned.add(node)
         self._refresh(node)
         return path.num_blocks * self.block_size + shared
 
@@ -371,6 +388,8 @@ class PrefixCache:
         for node, matched in [*deepest, *reversed(path.steps)]:
             if node.pin_count and matched == len(node.block_ids):
                 node.pin_count -= 1
+                if not node.pin_count:
+                    self._pinned.discard(node)
                 self._refresh(node)
                 return
         raise ValueError("no pinned prefix of these tokens is cached")
@@ -403,7 +422,8 @@ class PrefixCache:
             "blocks_stored": self.blocks_stored,
             "blocks_removed": self.blocks_removed,
             "nodes": sum(node is not None for node in self.tree.nodes),
-            "pinned_nodes": sum(1 for n in self.tree.nodes if n is not None and n.pin_count),
+            "pinned_nodes": len(self._pinned),
+            "pinned_blocks": self.num_pinned_blocks,
         }
 
     def drain_events(self) -> list[CacheEvent]:

@@ -20,6 +20,7 @@ def check_cache_invariants(cache: PrefixCache) -> None:
     tree, pool = cache.tree, cache.pool
     seen = np.zeros(cache.num_blocks, dtype=bool)  # [num_blocks] blocks found in the tree
     expected_index = set()
+    pinned = set()
     live_nodes = 0
     for name, root in tree.roots.items():
         assert root.parent is None and not len(root.block_ids), f"root {name} malformed"
@@ -34,12 +35,15 @@ def check_cache_invariants(cache: PrefixCache) -> None:
             _check_node(cache, node, parent_hash, seen)
             if cache._is_evictable(node):
                 expected_index.add(eviction_key(node))
+            if node.pin_count:
+                pinned.add(node)
             last_hash = int(tree.hashes[node.block_ids[-1]])
             stack.extend((child, last_hash) for child in (node.children or {}).values())
     assert live_nodes == sum(node is not None for node in tree.nodes), "node table has orphans"
     assert int(seen.sum()) == tree.num_cached, "cached-block count drifted"
     assert ((tree.node_of >= 0) == seen).all(), "node_of marks a block the tree does not hold"
     assert set(cache.index.keys()) == expected_index, "eviction index differs from evictable leaves"
+    assert cache._pinned == pinned, "the pinned-node set differs from the tree's pinned nodes"
     pool.check_invariants(seen)
     stats = cache.stats()
     assert stats["free"] + stats["in_use"] + stats["cached"] == stats["num_blocks"]

@@ -116,3 +116,25 @@ def test_pinned_blocks_can_be_matched_and_released() -> None:
     assert (stats["in_use"], stats["cached"]) == (0, 4)
     with pytest.raises(CacheFull):
         cache.allocate(1)
+
+
+def test_num_pinned_blocks_counts_each_pinned_path_once() -> None:
+    """Blocks of every pinned node and of the nodes above it, shared ancestors once; a split
+    of a pinned node and an unpin keep the count right."""
+    cache = PrefixCache(8, block_size=BS)
+    a, b = [1, 1, 2, 2, 3, 3], [1, 1, 4, 4]
+    cache_prompt(cache, a)
+    cache_prompt(cache, b)
+    assert cache.num_pinned_blocks == 0
+    cache.pin(a)
+    assert cache.num_pinned_blocks == 3
+    cache.pin(b)  # shares its first block with a
+    assert cache.num_pinned_blocks == 4
+    cache.pin(a[:4])  # splits a's node: still the same blocks
+    assert (cache.num_pinned_blocks, cache.stats()["pinned_nodes"]) == (4, 3)
+    cache.unpin(a)
+    assert cache.num_pinned_blocks == 3  # a[:4] and b are still pinned
+    cache.unpin(a[:4])
+    cache.unpin(b)
+    assert (cache.num_pinned_blocks, cache.stats()["pinned_blocks"]) == (0, 0)
+    cache.check_invariants()

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from prefixcache import PrefixCache
 from prefixcache.engine.llm import LLM
@@ -73,6 +74,22 @@ def test_pinned_blocks_make_a_request_unschedulable(tiny_llama_dir: Path) -> Non
     assert outputs[-1].finished and "KV blocks" in (outputs[-1].error or "")
     llm.cache.unpin(pinned)
     assert llm.generate([[200] * 30], SamplingParams(max_tokens=8))[0].finished
+    assert llm.stats()["in_use"] == 0
+    llm.cache.check_invariants()
+
+
+def test_a_request_pins_leave_no_room_for_is_refused_up_front(tiny_llama_dir: Path) -> None:
+    """Pins hold 8 of 12 blocks: a request needing 5 is refused before it runs, unless the
+    pinned prefix is its own (shared, so it fits)."""
+    llm = LLM(str(tiny_llama_dir), dtype="float32", num_blocks=12, block_size=4)
+    pinned = list(range(1, 33))  # 8 blocks
+    assert llm.warm(pinned, pin=True) == 32
+    with pytest.raises(ValueError, match="pins hold 8 of the pool's 12"):
+        llm.generate([[200] * 3], SamplingParams(max_tokens=17))
+    own = llm.generate([[*pinned, 7, 7, 7]], SamplingParams(max_tokens=9, ignore_eos=True))[0]
+    assert own.finished and own.num_cached_tokens == 32
+    llm.cache.unpin(pinned)
+    assert llm.generate([[200] * 3], SamplingParams(max_tokens=17))[0].finished
     assert llm.stats()["in_use"] == 0
     llm.cache.check_invariants()
 
