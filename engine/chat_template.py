@@ -56,10 +56,13 @@ def _environment() -> ImmutableSandboxedEnvironment:
     return env
 
 
-def _flatten_content(content: Any) -> str | None:
-    """A message's content: text, None, or OpenAI content parts `[{"type": "text", "text":
-    ...}]` (joined into one string)."""
-    if content is None or isinstance(content, str):
+def _flatten_content(content: Any) -> str:
+    """A message's content as text: a string, OpenAI content parts `[{"type": "text", "text":
+    ...}]` joined into one, or "" for null or no content (an assistant turn that only calls
+    tools), as vLLM renders it, rather than the word "None"."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
         return content
     if not isinstance(content, list):
         raise ChatTemplateError(
@@ -110,7 +113,7 @@ class ChatTemplate:
                                          add_generation_prompt=add_generation_prompt, **context)
         except jinja2.exceptions.TemplateError as error:
             raise ChatTemplateError(f"chat template failed: {error}") from error
-        except (TypeError, ValueError) as error:  # e.g. a template adding up a null content
+        except (TypeError, ValueError) as error:  # e.g. a template adding a number to text
             raise ChatTemplateError(f"chat template failed on these messages: {error}") from error
 
 

@@ -78,10 +78,18 @@ def test_bad_messages_and_bad_templates():
         ChatTemplate(TINY_CHAT_TEMPLATE).render([{"role": 5, "content": "x"}])
     with pytest.raises(ChatTemplateError, match="content must be a string, a list of text"):
         ChatTemplate(TINY_CHAT_TEMPLATE).render([{"role": "user", "content": 7}])
-    adds_content = ChatTemplate("{% for m in messages %}{{ '<' + m['content'] }}{% endfor %}")
+    adds_content = ChatTemplate("{% for m in messages %}{{ m['n'] + m['content'] }}{% endfor %}")
     with pytest.raises(ChatTemplateError, match="failed on these messages"):
-        adds_content.render([{"role": "user", "content": None}])
-    assert adds_content.render([{"role": "user", "content": "x"}]) == "<x"
+        adds_content.render([{"role": "user", "content": "x", "n": 1}])
+    assert adds_content.render([{"role": "user", "content": "x", "n": "<"}]) == "<x"
+
+
+def test_null_or_missing_content_renders_as_empty_text():
+    template = ChatTemplate(TINY_CHAT_TEMPLATE)
+    empty = template.render([{"role": "assistant", "content": ""}])
+    assert template.render([{"role": "assistant", "content": None}]) == empty
+    assert template.render([{"role": "assistant"}]) == empty
+    assert "None" not in empty
     with pytest.raises(ChatTemplateError, match="does not compile"):
         ChatTemplate("{% for m in messages %}")
     with pytest.raises(ValueError, match="non-empty"):
