@@ -27,6 +27,10 @@ from pydantic import ConfigDict, Field
 from prefixcache.integrations.sdk import Client
 from prefixcache.integrations.sdk.results import Usage
 
+# The keywords ``complete`` / ``chat`` and their streaming forms take, each overriding the
+# field of the same name for one call (``salt``: ``cache_salt``); the SDK clients honour all.
+CALL_OPTIONS = ("max_tokens", "temperature", "top_p", "seed", "stop", "salt")
+
 
 def _raw(usage: Usage | None, finish_reason: str | None) -> dict[str, Any]:
     if usage is None:
@@ -37,7 +41,11 @@ def _raw(usage: Usage | None, finish_reason: str | None) -> dict[str, Any]:
 
 
 class PrefixCacheLLM(CustomLLM):
-    """LlamaIndex LLM whose calls go through ``client`` (``Client`` or ``LocalClient``)."""
+    """LlamaIndex LLM whose calls go through ``client`` (``Client`` or ``LocalClient``).
+
+    Sampling fields left None use the server's defaults. Each call may override them with the
+    keywords in ``CALL_OPTIONS`` (``stop``: a string or a list of strings); any other keyword
+    raises TypeError rather than being silently ignored."""
 
     model_config = ConfigDict(arbitrary_types_allowed=True)
 
@@ -46,6 +54,7 @@ class PrefixCacheLLM(CustomLLM):
     context_window: int = 8192
     max_tokens: int | None = None
     temperature: float | None = None
+    top_p: float | None = None
     seed: int | None = None
     cache_salt: str | None = None
 
@@ -62,9 +71,15 @@ class PrefixCacheLLM(CustomLLM):
                            model_name=self.model_name)
 
     def _options(self, **kwargs: Any) -> dict[str, Any]:
+        """The SDK options of one call: the fields, overridden by ``kwargs`` (TypeError for a
+        keyword not in ``CALL_OPTIONS``: the call could not honour it)."""
+        unsupported = sorted(set(kwargs) - set(CALL_OPTIONS))
+        if unsupported:
+            raise TypeError(f"PrefixCacheLLM does not support the keyword(s) "
+                            f"{', '.join(unsupported)}; supported: {', '.join(CALL_OPTIONS)}")
         options = {"max_tokens": self.max_tokens, "temperature": self.temperature,
-                   "seed": self.seed, "salt": self.cache_salt}
-        options.update({k: v for k, v in kwargs.items() if k in options or k == "stop"})
+                   "top_p": self.top_p, "seed": self.seed, "salt": self.cache_salt}
+        options.update(kwargs)
         return options
 
     @llm_completion_callback()
@@ -77,9 +92,11 @@ class PrefixCacheLLM(CustomLLM):
     @llm_completion_callback()
     def stream_complete(self, prompt: str, formatted: bool = False, **kwargs: Any
                         ) -> CompletionResponseGen:
+        options = self._options(**kwargs)  # a bad keyword raises here, not when iterated
+
         def pieces() -> CompletionResponseGen:
             text = ""
-            for piece in self.client.stream(prompt, **self._options(**kwargs)):
+            for piece in self.client.stream(prompt, **options):
                 text += piece.text
                 yield CompletionResponse(text=text, delta=piece.text,
                                          raw=_raw(piece.usage, piece.finish_reason))
@@ -94,10 +111,11 @@ class PrefixCacheLLM(CustomLLM):
 
     @llm_chat_callback()
     def stream_chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponseGen:
+        options = self._options(**kwargs)  # a bad keyword raises here, not when iterated
+
         def pieces() -> ChatResponseGen:
             text = ""
-            for piece in self.client.stream(messages=_as_dicts(messages),
-                                            **self._options(**kwargs)):
+            for piece in self.client.stream(messages=_as_dicts(messages), **options):
                 text += piece.text
                 yield ChatResponse(
                     message=ChatMessage(role=MessageRole.ASSISTANT, content=text),

@@ -5,7 +5,12 @@ from prefixcache.integrations.sdk.async_http_client import AsyncClient
 from prefixcache.integrations.sdk.http_client import Client
 from prefixcache.integrations.sdk.local_client import LocalClient
 from prefixcache.integrations.sdk.options import GenerationOptions
-from prefixcache.integrations.sdk.rag import RagMiddleware, RagPromptBuilder, RetrievedChunk
+from prefixcache.integrations.sdk.rag import (
+    RagMiddleware,
+    RagPromptBuilder,
+    RetrievedChunk,
+    WarmDocumentsError,
+)
 from prefixcache.integrations.sdk.results import Chunk, Completion, Usage
 from prefixcache.integrations.sdk.session import Session, Turn
 from prefixcache.integrations.sdk.wire import APIError
@@ -24,4 +29,5 @@ __all__ = [
     "Session",
     "Turn",
     "Usage",
+    "WarmDocumentsError",
 ]

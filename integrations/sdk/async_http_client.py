@@ -51,14 +51,14 @@ class AsyncClient:
             if not response.is_success:
                 await response.aread()
                 wire.raise_for_error(response)
-            finish = None
+            assembler = wire.StreamAssembler()
             async for line in response.aiter_lines():
-                event = wire.parse_event(line)
-                if event == wire.DONE:
+                for chunk in assembler.feed(line):
+                    yield chunk
+                if assembler.done:
                     return
-                if isinstance(event, dict) and (chunk := wire.chunk_from_event(event)):
-                    finish = chunk.finish_reason or finish
-                    yield wire.with_finish_reason(chunk, finish)
+            for chunk in assembler.close():
+                yield chunk
 
     async def warm(self, prompt: str | Sequence[int] | None = None, *,
                    messages: wire.Messages | None = None, pin: bool = False,

@@ -45,8 +45,11 @@ class Client:
 
     def stream(self, prompt: str | Sequence[int] | None = None, *,
                messages: wire.Messages | None = None, **options: Any) -> Iterator[Chunk]:
-        """Text pieces of choice 0 as they are generated (``messages``: chat). Closing the
-        iterator early closes the connection, which aborts the request on the server."""
+        """Text pieces of choice 0 as they are generated (``messages``: chat), the sequence
+        ``LocalClient.stream`` yields: only the last chunk has a finish reason, and the usage.
+        Closing the iterator early closes the connection, which aborts the request on the
+        server. An error reported mid-stream raises ``APIError`` with the status it has on a
+        whole response (503 for a stopped engine)."""
         opts = GenerationOptions(**options)
         if messages is not None:
             route, body = "/v1/chat/completions", wire.chat_body(self.model, messages, opts, True)
@@ -58,14 +61,12 @@ class Client:
             if not response.is_success:
                 response.read()
                 wire.raise_for_error(response)
-            finish = None
+            assembler = wire.StreamAssembler()
             for line in response.iter_lines():
-                event = wire.parse_event(line)
-                if event == wire.DONE:
+                yield from assembler.feed(line)
+                if assembler.done:
                     return
-                if isinstance(event, dict) and (chunk := wire.chunk_from_event(event)):
-                    finish = chunk.finish_reason or finish
-                    yield wire.with_finish_reason(chunk, finish)
+            yield from assembler.close()
 
     # ------------------------------------------------------------------ cache control
     def warm(self, prompt: str | Sequence[int] | None = None, *,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -10,7 +11,10 @@ from prefixcache.engine.sampling_params import SamplingParams
 
 @dataclass(frozen=True)
 class GenerationOptions:
-    """The OpenAI sampling fields the SDK passes through (None: the server's default)."""
+    """The OpenAI sampling fields the SDK passes through (None: the server's default).
+
+    ``stop`` may be given as one string or a list of strings (None: no stop string), as in the
+    OpenAI API; it is stored as a list, so a single string stays one stop string."""
 
     max_tokens: int | None = None
     temperature: float | None = None
@@ -19,6 +23,9 @@ class GenerationOptions:
     n: int = 1
     stop: list[str] = field(default_factory=list)
     salt: str | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "stop", stop_strings(self.stop))
 
     def openai_fields(self) -> dict[str, Any]:
         """The request-body fields (unset ones left out, so any OpenAI server accepts them)."""
@@ -37,3 +44,14 @@ class GenerationOptions:
             top_p=1.0 if self.top_p is None else self.top_p,
             seed=self.seed, n=self.n, stop=list(self.stop),
         )
+
+
+def stop_strings(stop: str | Iterable[str] | None) -> list[str]:
+    """``stop`` as a list: a string is one stop string (never split into its characters)."""
+    if stop is None:
+        return []
+    if isinstance(stop, str):
+        return [stop]
+    if not isinstance(stop, Iterable):
+        raise TypeError(f"stop must be a string or a list of strings, not {type(stop).__name__}")
+    return list(stop)

@@ -27,6 +27,17 @@ class RetrievedChunk:
     text: str
 
 
+class WarmDocumentsError(RuntimeError):
+    """``RagMiddleware.warm_documents`` could not warm the chunk ``chunk_id``; the client's
+    error is ``__cause__``. The pins that call had made were released (``pins_left``: how many
+    could not be, 0 normally)."""
+
+    def __init__(self, chunk_id: str, error: BaseException, pins_left: int = 0) -> None:
+        left = f"; {pins_left} of its pins could not be released" if pins_left else ""
+        super().__init__(f"could not warm chunk {chunk_id!r}: {error}{left}")
+        self.chunk_id, self.pins_left = chunk_id, pins_left
+
+
 class RagClient(Protocol):
     """What the middleware needs: ``Client`` and ``LocalClient`` both fit."""
 
@@ -37,6 +48,9 @@ class RagClient(Protocol):
 
     def warm(self, prompt: Any = None, *, messages: Any = None, pin: bool = False,
              salt: str | None = None) -> int: ...
+
+    def unpin(self, prompt: Any = None, *, messages: Any = None, salt: str | None = None
+              ) -> None: ...
 
 
 class RagPromptBuilder:
@@ -112,12 +126,33 @@ class RagMiddleware:
 
     def warm_documents(self, chunks: Iterable[RetrievedChunk], pin: bool = False) -> int:
         """Prefill the system prompt followed by each chunk alone, so any query whose prompt
-        starts with that chunk hits the cache; returns the tokens cached in total."""
+        starts with that chunk hits the cache; returns the tokens cached in total.
+
+        All or nothing for pins: if a chunk cannot be warmed (too long for the model, a
+        server error), the pins this call already made are released and
+        ``WarmDocumentsError`` names the chunk (the chunks before it stay cached, unpinned)."""
         total = 0
+        pinned: list[list[dict[str, str]]] = []  # the prefixes this call pinned
         for chunk in self.builder.canonical_order(chunks):
-            total += self.client.warm(messages=self.builder.prefix_messages([chunk]), pin=pin,
-                                      salt=self.salt)
+            prefix = self.builder.prefix_messages([chunk])
+            try:
+                cached = self.client.warm(messages=prefix, pin=pin, salt=self.salt)
+            except Exception as error:
+                raise WarmDocumentsError(chunk.id, error, self._unpin_all(pinned)) from error
+            if pin and cached:  # 0 cached tokens: nothing was pinned
+                pinned.append(prefix)
+            total += cached
         return total
+
+    def _unpin_all(self, prefixes: Sequence[list[dict[str, str]]]) -> int:
+        """Release one pin on each prefix; returns how many could not be released."""
+        failed = 0
+        for prefix in prefixes:
+            try:
+                self.client.unpin(messages=prefix, salt=self.salt)
+            except Exception:  # keep releasing the others; the count is reported
+                failed += 1
+        return failed
 
     def _cached(self, ordered: Sequence[RetrievedChunk]) -> int:
         return self.client.lookup(messages=self.builder.prefix_messages(ordered),

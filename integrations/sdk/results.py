@@ -61,8 +61,8 @@ class Completion:
 
 @dataclass(frozen=True)
 class Chunk:
-    """One streamed piece of choice 0: new ``text``; the last chunk has ``finish_reason`` and,
-    where the server reports it, ``usage``."""
+    """One streamed piece of choice 0: new ``text``; the last chunk, and only it, has
+    ``finish_reason`` and, where the server reports it, ``usage``."""
 
     text: str
     finish_reason: str | None = None

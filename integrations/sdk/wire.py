@@ -69,8 +69,33 @@ def _with_stream(body: dict[str, Any], stream: bool) -> dict[str, Any]:
     return body
 
 
+# The status each OpenAI error ``type`` has when a prefixcache server answers it as a whole
+# response (``ERROR_TYPES`` in integrations/server/errors.py, read backwards; 405 and 413 are
+# also "invalid_request_error", 400 is its usual status). An error that happens mid-stream
+# arrives as an SSE event after the 200 status line, so its status is recovered from this.
+ERROR_TYPE_STATUS = {
+    "invalid_request_error": 400,
+    "authentication_error": 401,
+    "not_found_error": 404,
+    "rate_limit_error": 429,
+    "server_error": 500,
+    "service_unavailable": 503,
+}
+
+
+def error_event_status(error: Mapping[str, Any]) -> int:
+    """The HTTP status of the error body in a stream event: an integer ``code`` that is an
+    HTTP error status (the form some OpenAI-compatible servers use) if there is one, else the
+    status of its ``type``, else 500."""
+    code = error.get("code")
+    if isinstance(code, int) and not isinstance(code, bool) and 400 <= code <= 599:
+        return code
+    return ERROR_TYPE_STATUS.get(error.get("type"), 500)
+
+
 def parse_event(line: str) -> dict[str, Any] | str | None:
-    """One SSE line -> its JSON payload, ``DONE``, or None (blank lines, comments)."""
+    """One SSE line -> its JSON payload, ``DONE``, or None (blank lines, comments). An error
+    event raises ``APIError`` with the status the same error has on a whole response."""
     if not line.startswith("data:"):
         return None
     data = line[5:].strip()
@@ -79,8 +104,8 @@ def parse_event(line: str) -> dict[str, Any] | str | None:
     payload = json.loads(data)
     if "error" in payload:
         error = payload["error"]
-        raise APIError(500, error.get("message", ""), error.get("type"), error.get("param"),
-                       error.get("code"))
+        raise APIError(error_event_status(error), error.get("message", ""), error.get("type"),
+                       error.get("param"), error.get("code"))
     return payload
 
 
@@ -97,8 +122,46 @@ def chunk_from_event(payload: dict[str, Any]) -> Chunk | None:
     return Chunk("", None, usage) if usage is not None else None
 
 
-def with_finish_reason(chunk: Chunk, finish_reason: str | None) -> Chunk:
-    """The usage-only chunk that ends a stream carries the finish reason seen before it."""
-    if chunk.usage is not None and chunk.finish_reason is None and finish_reason is not None:
-        return Chunk(chunk.text, finish_reason, chunk.usage)
-    return chunk
+class StreamAssembler:
+    """The SSE lines of a streamed response -> the ``Chunk``s ``LocalClient.stream`` yields:
+    choice 0's new text as it comes (empty pieces skipped), then one last chunk holding choice
+    0's final piece, its finish reason and the usage.
+
+    The piece that finishes choice 0 is held back until the stream ends (the usage event comes
+    just before ``[DONE]``) so that it and the usage are one chunk. Each finish reason is
+    reported once: what the stream says about choice 0 after it finished (a repeated finish
+    event) is ignored, except the usage.
+    """
+
+    def __init__(self) -> None:
+        self.done = False
+        self._final: Chunk | None = None
+        self._usage: Usage | None = None
+
+    def feed(self, line: str) -> list[Chunk]:
+        """The chunks that ``line`` releases; sets ``done`` at ``[DONE]``. An error event raises
+        ``APIError`` (see ``parse_event``)."""
+        event = parse_event(line)
+        if event == DONE:
+            return self.close()
+        chunk = chunk_from_event(event) if isinstance(event, dict) else None
+        if chunk is None:
+            return []
+        if chunk.usage is not None:
+            self._usage = chunk.usage
+        if self._final is not None:
+            return []
+        if chunk.finish_reason is not None:
+            self._final = Chunk(chunk.text, chunk.finish_reason)
+            return []
+        return [Chunk(chunk.text)] if chunk.text else []
+
+    def close(self) -> list[Chunk]:
+        """The held-back last chunk (none if nothing finished and no usage came); call once the
+        stream has ended, with or without ``[DONE]`` (a second call returns nothing)."""
+        self.done = True
+        final, usage = self._final, self._usage
+        self._final = self._usage = None
+        if final is None:
+            return [] if usage is None else [Chunk("", None, usage)]
+        return [Chunk(final.text, final.finish_reason, usage)]

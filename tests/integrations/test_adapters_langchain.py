@@ -30,6 +30,10 @@ def check_model(chat: PrefixCacheChatModel) -> None:
         total += chunk
     assert total.usage_metadata["input_tokens"] == first.usage_metadata["input_tokens"]
     assert total.usage_metadata["input_token_details"]["cache_read"] > 0
+    # one chunk carries the finish reason, so merging the chunks does not repeat it
+    assert [c.response_metadata.get("finish_reason") for c in chunks].count("length") == 1
+    assert total.response_metadata["finish_reason"] == "length"
+    assert first.response_metadata["finish_reason"] == "length"
 
 
 def test_adapter_over_http(server) -> None:

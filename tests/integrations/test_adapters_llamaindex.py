@@ -3,13 +3,16 @@ zero-code ``OpenAILike`` with an api_base against the live server."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
-from integration_helpers import SERVED_NAME, assert_server_clean
+from integration_helpers import SERVED_NAME, assert_no_leak, assert_server_clean, make_llm
 
 pytest.importorskip("llama_index.core")
 from llama_index.core.llms import ChatMessage
 
 from prefixcache.integrations.adapters.llamaindex_llm import PrefixCacheLLM
+from prefixcache.integrations.sdk import LocalClient
 
 PROMPT = "A catalogue entry for a very long shelf of books. " * 3
 
@@ -30,6 +33,46 @@ def test_adapter_complete_chat_and_stream(server) -> None:
     assert chat_stream[-1].message.content == reply.message.content
     assert chat_stream[-1].raw["usage"]["cached_tokens"] > 0
     assert_server_clean(server.base_url)
+
+
+def test_call_keywords_are_honoured_or_refused(server) -> None:
+    llm = PrefixCacheLLM.from_url(server.base_url, max_tokens=6)
+    greedy = llm.complete(PROMPT, temperature=0.0).text
+    sampled = llm.complete(PROMPT, temperature=1.0, seed=3).text
+    assert sampled != greedy
+    assert llm.complete(PROMPT, temperature=1.0, seed=3, top_p=0.01).text == greedy
+    narrow = PrefixCacheLLM.from_url(server.base_url, max_tokens=6, top_p=0.01)
+    assert narrow.complete(PROMPT, temperature=1.0, seed=3).text == greedy
+    assert narrow.complete(PROMPT, temperature=1.0, seed=3, top_p=1.0).text == sampled
+    assert list(llm.stream_complete(PROMPT, temperature=1.0, seed=3, top_p=0.01))[-1].text \
+        == greedy
+    for call in (llm.complete, llm.stream_complete):
+        with pytest.raises(TypeError, match=r"does not support the keyword.* top_k"):
+            call(PROMPT, top_k=1)
+    with pytest.raises(TypeError, match="frequency_penalty"):
+        llm.chat([ChatMessage(role="user", content="hi")], frequency_penalty=1.0)
+    assert_server_clean(server.base_url)
+
+
+def discriminating_stop(text: str) -> str:
+    """A two-character stop string of ``text`` one of whose characters occurs earlier: cut at
+    the string, ``text`` keeps more than cut at any single character of it."""
+    for k in range(1, len(text) - 1):
+        stop = text[k:k + 2]
+        if "\ufffd" not in stop and text.index(stop) == k and any(c in text[:k] for c in stop):
+            return stop
+    raise AssertionError(f"no discriminating stop string in {text!r}")
+
+
+def test_a_string_stop_is_one_stop_string(tiny_chat_dir: Path) -> None:
+    local = make_llm(tiny_chat_dir)
+    llm = PrefixCacheLLM(client=LocalClient(local), max_tokens=20, temperature=1.0, seed=0)
+    whole = llm.complete(PROMPT).text
+    stop = discriminating_stop(whole)
+    cut = whole[:whole.index(stop)]
+    assert llm.complete(PROMPT, stop=stop).text == cut == llm.complete(PROMPT, stop=[stop]).text
+    assert list(llm.stream_complete(PROMPT, stop=stop))[-1].text == cut
+    assert_no_leak(local)
 
 
 def test_zero_code_openai_like(server) -> None:

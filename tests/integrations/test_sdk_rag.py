@@ -11,16 +11,19 @@ from integration_helpers import assert_no_leak, make_llm
 
 from prefixcache.engine.llm import LLM
 from prefixcache.integrations.sdk import (
+    APIError,
     Client,
     LocalClient,
     RagMiddleware,
     RagPromptBuilder,
     RetrievedChunk,
+    WarmDocumentsError,
 )
 
 CHUNKS = [RetrievedChunk(f"doc-{name}", f"Facts about {name}: it is {name}-ish.\r\n")
           for name in ("alpha", "beta", "gamma", "delta")]
 A, B, C, D = CHUNKS
+TOO_LONG = RetrievedChunk("doc-zz-long", "The quick brown fox. " * 200)  # past the context
 BUILDER = RagPromptBuilder("Answer from the documents.")
 
 
@@ -90,3 +93,32 @@ def test_middleware_over_http_with_a_salt(server) -> None:
         second = tenant.ask("q2", [A, B], max_tokens=1)
         other = RagMiddleware(client, BUILDER, salt="tenant-y").ask("q2", [A, B], max_tokens=1)
     assert second.usage.cached_tokens > 0 and other.usage.cached_tokens == 0
+
+
+def test_warm_documents_that_fails_on_a_chunk_leaves_no_pin(local: LocalClient) -> None:
+    middleware = RagMiddleware(local, BUILDER)
+    with pytest.raises(WarmDocumentsError, match="could not warm chunk 'doc-zz-long'") as raised:
+        middleware.warm_documents([TOO_LONG, B, A], pin=True)  # A and B are warmed first
+    assert raised.value.chunk_id == TOO_LONG.id and raised.value.pins_left == 0
+    assert isinstance(raised.value.__cause__, ValueError)
+    assert local.stats()["pinned_nodes"] == 0
+    assert local.lookup(messages=BUILDER.prefix_messages([A])) > 0  # warmed, not pinned
+    local.reset()
+    assert local.lookup(messages=BUILDER.prefix_messages([A])) == 0
+
+
+def test_a_failed_warm_over_http_releases_only_its_own_pins(server) -> None:
+    with Client(server.base_url) as client:
+        client.reset()
+        own_pin = BUILDER.prefix_messages([A])
+        assert client.warm(messages=own_pin, pin=True) > 0  # the caller's pin, kept
+        with pytest.raises(WarmDocumentsError, match="doc-zz-long") as raised:
+            RagMiddleware(client, BUILDER).warm_documents([A, B, TOO_LONG], pin=True)
+        cause = raised.value.__cause__
+        assert isinstance(cause, APIError) and cause.code == "context_length_exceeded"
+        assert client.stats()["pinned_nodes"] == 1
+        client.unpin(messages=own_pin)
+        assert client.stats()["pinned_nodes"] == 0
+        with pytest.raises(APIError, match="404"):
+            client.unpin(messages=own_pin)
+        client.reset()
