@@ -15,6 +15,7 @@ from starlette.responses import Response
 from prefixcache.engine.async_llm import AsyncLLM
 from prefixcache.integrations.server import routes_cache, routes_info, routes_openai
 from prefixcache.integrations.server.admission import Admission
+from prefixcache.integrations.server.body_limit import BodyLimitMiddleware, default_max_body_bytes
 from prefixcache.integrations.server.errors import ApiError, error_response, install_error_handlers
 from prefixcache.integrations.server.metrics import ServerMetrics
 from prefixcache.integrations.server.state import ServerState
@@ -49,10 +50,13 @@ def build_app(
     api_key: str | None = None,
     max_pending: int = 256,
     max_n: int = 16,
+    max_body_bytes: int | None = None,
 ) -> FastAPI:
     """An app serving ``engine`` under ``model_name`` (default: the engine's model name).
 
     ``max_pending``: requests in flight before new ones get 429. ``max_n``: the largest ``n``.
+    ``max_body_bytes``: larger request bodies get 413 (default: ``default_max_body_bytes``,
+    sized from the context length and the vocabulary so that no prompt that fits is refused).
     """
     app = FastAPI(title="prefixcache", version="0.1.0")
     metrics = ServerMetrics()
@@ -67,6 +71,9 @@ def build_app(
     install_error_handlers(app)
     for module in (routes_openai, routes_info, routes_cache):
         app.include_router(module.router)
+    if max_body_bytes is None:
+        max_body_bytes = default_max_body_bytes(engine.llm.max_model_len, engine.llm.tokenizer)
+    app.add_middleware(BodyLimitMiddleware, max_bytes=max_body_bytes)
     if api_key:
         app.add_middleware(ApiKeyMiddleware, api_key=api_key)
     return app

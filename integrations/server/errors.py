@@ -64,6 +64,20 @@ def bad_request(message: str, param: str | None = None, code: str | None = None)
     return ApiError(400, message, param=param, code=code)
 
 
+class BodyTooLarge(StarletteHTTPException):
+    """A request body over the server's limit (413), raised while the body is read: an
+    HTTPException, so FastAPI passes it to the handlers instead of calling it a parse error."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(413, detail=f"the request body is larger than this server's limit "
+                                     f"of {limit} bytes")
+
+
+def body_too_large(limit: int) -> ApiError:
+    """413 ``request_too_large`` for a body over ``limit`` bytes."""
+    return ApiError(413, str(BodyTooLarge(limit).detail), code="request_too_large")
+
+
 def _validation_error(exc: RequestValidationError) -> ApiError:
     first = exc.errors()[0] if exc.errors() else {}
     location = [str(part) for part in first.get("loc", ()) if part != "body"]
@@ -88,4 +102,5 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
-        return error_response(ApiError(exc.status_code, str(exc.detail)))
+        code = "request_too_large" if isinstance(exc, BodyTooLarge) else None
+        return error_response(ApiError(exc.status_code, str(exc.detail), code=code))

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -57,8 +57,12 @@ class ChatMessage(BaseModel):
     content: str | list[dict[str, Any]] | None = None
 
 
+Messages = Annotated[list[ChatMessage], Field(min_length=1)]
+"""Chat messages: at least one, wherever a route takes them."""
+
+
 class ChatCompletionRequest(SamplingFields):
-    messages: list[ChatMessage] = Field(min_length=1)
+    messages: Messages
     max_completion_tokens: int | None = None
     tools: list[dict[str, Any]] | None = None
 
@@ -68,7 +72,7 @@ class TokenizeRequest(StrictRequest):
 
     model: str | None = None
     prompt: str | None = None
-    messages: list[ChatMessage] | None = None
+    messages: Messages | None = None
 
 
 class DetokenizeRequest(StrictRequest):
@@ -81,7 +85,7 @@ class CachePromptRequest(StrictRequest):
 
     model: str | None = None
     prompt: str | list[int] | None = None
-    messages: list[ChatMessage] | None = None
+    messages: Messages | None = None
     cache_salt: str | None = Field(default=None, max_length=MAX_CACHE_SALT_LENGTH, min_length=1)
 
 

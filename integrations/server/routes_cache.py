@@ -24,13 +24,14 @@ from prefixcache.integrations.server.state import ServerState, State, resolve_sa
 router = APIRouter(prefix="/v1/cache")
 
 
-def _prefix(state: ServerState, request: Request, body: p.CachePromptRequest
-            ) -> tuple[list[int], str | None]:
+async def _prefix(state: ServerState, request: Request, body: p.CachePromptRequest
+                  ) -> tuple[list[int], str | None]:
     state.check_model(body.model)
     if (body.prompt is None) == (body.messages is None):
         raise bad_request("give exactly one of prompt or messages", param="prompt")
     prompt = body.prompt if body.messages is None else render_messages(state, body.messages)
-    token_ids = encode_prompt(state, prompt, "prompt" if body.messages is None else "messages")
+    token_ids = await encode_prompt(state, prompt,
+                                    "prompt" if body.messages is None else "messages")
     return token_ids, resolve_salt(request, body.cache_salt)
 
 
@@ -43,7 +44,7 @@ def _stats_checked(llm: Any) -> dict[str, Any]:
 async def warm(body: p.WarmRequest, request: Request,
                state: State) -> dict[str, Any]:
     """Prefill the prefix so it is cached (to its last token); ``pin`` keeps it from eviction."""
-    token_ids, salt = _prefix(state, request, body)
+    token_ids, salt = await _prefix(state, request, body)
     check_fits(state, token_ids, SamplingParams(max_tokens=1), salt)
     check_engine_running(state)
     ticket = state.admission.admit()
@@ -60,7 +61,7 @@ async def warm(body: p.WarmRequest, request: Request,
 async def pin(body: p.CachePromptRequest, request: Request,
               state: State) -> dict[str, Any]:
     """Pin the cached part of the prefix; ``pinned_tokens`` 0 means nothing was cached."""
-    token_ids, salt = _prefix(state, request, body)
+    token_ids, salt = await _prefix(state, request, body)
     pinned = await call_engine(state, lambda llm: llm.cache.pin(token_ids, salt))
     return {"prompt_tokens": len(token_ids), "pinned_tokens": pinned}
 
@@ -69,7 +70,7 @@ async def pin(body: p.CachePromptRequest, request: Request,
 async def unpin(body: p.CachePromptRequest, request: Request,
                 state: State) -> dict[str, Any]:
     """Release the deepest pin on the prefix's cached path (404 if none)."""
-    token_ids, salt = _prefix(state, request, body)
+    token_ids, salt = await _prefix(state, request, body)
     try:
         await call_engine(state, lambda llm: llm.cache.unpin(token_ids, salt))
     except ValueError as error:
@@ -81,7 +82,7 @@ async def unpin(body: p.CachePromptRequest, request: Request,
 async def lookup(body: p.CachePromptRequest, request: Request,
                  state: State) -> dict[str, Any]:
     """How many leading tokens of the prefix are cached now (changes nothing)."""
-    token_ids, salt = _prefix(state, request, body)
+    token_ids, salt = await _prefix(state, request, body)
     cached = await call_engine(
         state, lambda llm: llm.cache.lookup(token_ids, salt, partial_block=True)
     )

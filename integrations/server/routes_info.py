@@ -6,13 +6,13 @@ import time
 from typing import Any
 
 from fastapi import APIRouter
-from fastapi.responses import Response
+from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from prefixcache.integrations.server import protocol as p
 from prefixcache.integrations.server.engine_calls import call_engine, check_engine_running
 from prefixcache.integrations.server.errors import bad_request
-from prefixcache.integrations.server.sampling import encode_prompt, render_messages
+from prefixcache.integrations.server.sampling import render_messages, tokenize_text
 from prefixcache.integrations.server.state import State
 
 router = APIRouter()
@@ -37,18 +37,24 @@ async def list_models(state: State) -> dict[str, Any]:
     }
 
 
-@router.post("/tokenize")
+@router.post("/tokenize", response_model=None)
 async def tokenize(body: p.TokenizeRequest,
-                   state: State) -> dict[str, Any]:
-    """Token ids of ``prompt``, or of ``messages`` rendered by the chat template."""
+                   state: State) -> JSONResponse:
+    """Token ids of ``prompt``, or of ``messages`` rendered by the chat template.
+
+    Text longer than the context is counted too, not refused (as vLLM does): compare
+    ``count`` with ``max_model_len``. Text that is not valid Unicode is a 400. The answer is
+    written straight to JSON: FastAPI's generic encoding of a long id list would hold the
+    event loop for seconds."""
     state.check_model(body.model)
     if (body.prompt is None) == (body.messages is None):
         raise bad_request("give exactly one of prompt or messages", param="prompt")
     if body.messages is not None:
-        tokens = encode_prompt(state, render_messages(state, body.messages), "messages")
+        tokens = await tokenize_text(state, render_messages(state, body.messages), "messages")
     else:
-        tokens = state.engine.tokenizer.encode(body.prompt)
-    return {"tokens": tokens, "count": len(tokens), "max_model_len": state.max_model_len}
+        tokens = await tokenize_text(state, body.prompt, "prompt")
+    return JSONResponse({"tokens": tokens, "count": len(tokens),
+                         "max_model_len": state.max_model_len})
 
 
 @router.post("/detokenize")

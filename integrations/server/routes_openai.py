@@ -11,7 +11,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel
 
-from prefixcache.engine.outputs import RequestOutput
+from prefixcache.engine.outputs import CompletionOutput, RequestOutput
 from prefixcache.engine.sampling_params import SamplingParams
 from prefixcache.integrations.server import protocol as p
 from prefixcache.integrations.server.admission import Ticket
@@ -42,6 +42,14 @@ def _prompt_list(prompt: str | list[str] | list[int] | list[list[int]]) -> list:
     return list(prompt)
 
 
+def _chat_max_tokens(body: p.ChatCompletionRequest) -> tuple[int | None, str]:
+    """The completion length limit and the field it came from: ``max_tokens`` when given,
+    else ``max_completion_tokens`` (errors name the field the client sent)."""
+    if body.max_tokens is not None:
+        return body.max_tokens, "max_tokens"
+    return body.max_completion_tokens, "max_completion_tokens"
+
+
 def _usage(outputs: Sequence[RequestOutput]) -> p.Usage:
     return p.make_usage(
         prompt_tokens=sum(o.num_prompt_tokens for o in outputs),
@@ -68,15 +76,39 @@ class _Prepared:
 
 def _prepare(state: ServerState, request: Request, body: p.SamplingFields,
              prompts: list[list[int]], max_tokens: int | None,
-             default_max_tokens: int | None) -> _Prepared:
+             default_max_tokens: int | None, max_tokens_param: str = "max_tokens") -> _Prepared:
     state.check_model(body.model)
     salt = resolve_salt(request, body.cache_salt)
     params = sampling_params(state, body, [len(t) for t in prompts], max_tokens,
-                             default_max_tokens)
+                             default_max_tokens, max_tokens_param)
     for token_ids in prompts:
-        check_fits(state, token_ids, params, salt)
+        check_fits(state, token_ids, params, salt, max_tokens_param)
     check_engine_running(state)
     return _Prepared(state, prompts, params, salt, state.admission.admit())
+
+
+class _ChoiceProgress:
+    """What a stream has sent of each choice: its text so far, and whether it has finished."""
+
+    def __init__(self) -> None:
+        self._sent: dict[int, int] = {}  # choice index -> characters of its text sent
+        self._done: set[int] = set()  # choices whose finish chunk went out
+
+    def next_chunk(self, index: int, completion: CompletionOutput
+                   ) -> tuple[str, str | None, bool] | None:
+        """``(delta, finish_reason, first)`` to send for this snapshot of choice ``index``, or
+        None: nothing new, or the choice already finished (a finished choice's snapshot is
+        repeated while others run; its finish chunk goes out once)."""
+        if index in self._done:
+            return None
+        first = index not in self._sent
+        delta = completion.text[self._sent.get(index, 0):]
+        self._sent[index] = len(completion.text)
+        if completion.finish_reason:
+            self._done.add(index)
+        if delta or first or completion.finish_reason:
+            return delta, completion.finish_reason, first
+        return None
 
 
 def _stream(prepared: _Prepared, include_usage: bool,
@@ -84,11 +116,13 @@ def _stream(prepared: _Prepared, include_usage: bool,
             usage_chunk: Callable[[p.Usage], BaseModel]) -> StreamingResponse:
     """SSE of text deltas per choice, an optional usage chunk, then ``data: [DONE]``.
 
-    The client leaving closes this generator, which aborts the requests and frees their
-    blocks; the admission ticket is released either way."""
+    Each choice gets a first chunk, one per text delta, and exactly one chunk carrying its
+    ``finish_reason`` (its last), however long the other choices go on. The client leaving
+    closes this generator, which aborts the requests and frees their blocks; the admission
+    ticket is released either way."""
 
     async def events() -> AsyncIterator[str]:
-        sent: dict[int, int] = {}
+        progress = _ChoiceProgress()
         finished: dict[int, RequestOutput] = {}
         n = prepared.params.n
         try:
@@ -97,11 +131,9 @@ def _stream(prepared: _Prepared, include_usage: bool,
             ):
                 for completion in output.outputs:
                     index = prompt_index * n + completion.index
-                    first = index not in sent
-                    delta = completion.text[sent.get(index, 0):]
-                    sent[index] = len(completion.text)
-                    if delta or first or completion.finish_reason:
-                        yield _sse(choice_chunk(index, delta, completion.finish_reason, first))
+                    chunk = progress.next_chunk(index, completion)
+                    if chunk is not None:
+                        yield _sse(choice_chunk(index, *chunk))
                 if output.finished:
                     finished[prompt_index] = output
             if include_usage:
@@ -132,7 +164,10 @@ async def _whole(request: Request, prepared: _Prepared) -> list[RequestOutput]:
 async def create_completion(
     body: p.CompletionRequest, request: Request, state: State
 ) -> p.CompletionResponse | StreamingResponse:
-    prompts = [encode_prompt(state, prompt, "prompt") for prompt in _prompt_list(body.prompt)]
+    items = _prompt_list(body.prompt)
+    prompts = [await encode_prompt(state, prompt, "prompt",
+                                   f"prompt[{i}]" if len(items) > 1 else None)
+               for i, prompt in enumerate(items)]
     prepared = _prepare(state, request, body, prompts, body.max_tokens,
                         COMPLETIONS_DEFAULT_MAX_TOKENS)
     response_id, model = p.new_id("cmpl"), state.model_name
@@ -162,9 +197,9 @@ async def create_chat_completion(
 ) -> p.ChatCompletionResponse | StreamingResponse:
     state.check_model(body.model)
     prompt_text = render_messages(state, body.messages, body.tools)
-    prompts = [encode_prompt(state, prompt_text, "messages")]
-    max_tokens = body.max_completion_tokens if body.max_tokens is None else body.max_tokens
-    prepared = _prepare(state, request, body, prompts, max_tokens, None)
+    prompts = [await encode_prompt(state, prompt_text, "messages")]
+    max_tokens, max_tokens_param = _chat_max_tokens(body)
+    prepared = _prepare(state, request, body, prompts, max_tokens, None, max_tokens_param)
     response_id, model = p.new_id("chatcmpl"), state.model_name
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)

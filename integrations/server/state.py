@@ -48,15 +48,23 @@ def get_state(request: Request) -> ServerState:
 def resolve_salt(request: Request, body_salt: str | None) -> str | None:
     """The request's cache salt: the ``cache_salt`` field, else the ``X-Cache-Salt`` header.
 
-    Both name the same tenant namespace; giving two different values is a 400."""
+    Both name the same tenant namespace, under the same rule: a blank salt (empty or only
+    whitespace, which HTTP strips from a header anyway) is a 400, as is giving two
+    different values."""
     header = request.headers.get(CACHE_SALT_HEADER)
-    if header is not None and not header.strip():
-        raise ApiError(400, "the X-Cache-Salt header is empty", param="cache_salt",
-                       code="invalid_cache_salt")
+    _check_not_blank(header, "the X-Cache-Salt header")
+    _check_not_blank(body_salt, "cache_salt")
     if body_salt is not None and header is not None and header != body_salt:
         raise ApiError(400, "cache_salt and the X-Cache-Salt header disagree",
                        param="cache_salt", code="invalid_cache_salt")
     return body_salt if body_salt is not None else header
+
+
+def _check_not_blank(salt: str | None, where: str) -> None:
+    """400 ``invalid_cache_salt`` if ``salt`` (given as ``where``) is empty or whitespace."""
+    if salt is not None and not salt.strip():
+        raise ApiError(400, f"{where} is blank: a cache salt must name a tenant",
+                       param="cache_salt", code="invalid_cache_salt")
 
 
 State = Annotated[ServerState, Depends(get_state)]

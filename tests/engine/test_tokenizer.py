@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import json
+import re
+import threading
+import time
 
 import pytest
 from model_layer_helpers import CORPUS, train_tiny_tokenizer
-from tokenizers import pre_tokenizers
+from tokenizers import AddedToken, pre_tokenizers
+from tokenizers import Tokenizer as BackendTokenizer
 
 from prefixcache.engine.gguf_tokenizer import bytes_to_unicode, tokenizer_from_gguf_metadata
-from prefixcache.engine.tokenizer import Tokenizer
+from prefixcache.engine.tokenizer import LONG_TEXT_CHARS, InvalidTextError, Tokenizer, check_text
 
 TEXTS = [*CORPUS[:3], "", "  two  spaces", "tab\tnew\nline",
          "ünï 日本 😀👩‍👧 1234", "<|im_start|>x"]
@@ -96,3 +100,86 @@ def test_incremental_detokenizer_flushes_incomplete_tail(backend):
     assert stream.step(ids[0]) == ""
     assert stream.flush() == tokenizer.decode(ids[:1])  # the partial character, as U+FFFD
     assert stream.flush() == ""
+
+
+def _copy(backend):
+    return BackendTokenizer.from_str(backend.to_str())
+
+
+def test_lone_surrogate_is_a_value_error_naming_it(backend):
+    tokenizer = Tokenizer(backend)
+    long_text = "x" * (LONG_TEXT_CHARS + 5) + "\udfff"
+    for text, named in (("ab\ud800c", "U+D800 at character 2"),
+                        (long_text, f"U+DFFF at character {LONG_TEXT_CHARS + 5}")):
+        with pytest.raises(InvalidTextError, match=f"lone surrogate {re.escape(named)}"):
+            tokenizer.encode(text)
+    assert issubclass(InvalidTextError, ValueError)
+    check_text("ünï 日本 😀👩‍👧")  # valid text, astral characters included: no error
+    with pytest.raises(TypeError, match="text must be a str"):
+        tokenizer.encode(b"bytes")
+
+
+def test_long_text_encodes_to_the_same_ids(backend):
+    tokenizer = Tokenizer(backend)
+    text = " ".join(TEXTS) * (LONG_TEXT_CHARS // 20)
+    assert len(text) > LONG_TEXT_CHARS
+    assert tokenizer.encode(text) == backend.encode(text, add_special_tokens=False).ids
+
+
+def test_long_text_encoding_lets_other_threads_run(backend):
+    """The backend's single-text encode holds the GIL throughout; a long text must not
+    freeze every other thread (a server's event loop) for the seconds it takes."""
+    tokenizer = Tokenizer(backend)
+    text = CORPUS[0] * 20_000  # 1.5 MB
+    ticks, done = [], threading.Event()
+
+    def tick() -> None:
+        while not done.is_set():
+            ticks.append(time.monotonic())
+            time.sleep(0.002)
+
+    ticker = threading.Thread(target=tick)
+    ticker.start()
+    time.sleep(0.02)
+    started = time.monotonic()
+    tokenizer.encode(text)
+    elapsed = time.monotonic() - started
+    done.set()
+    ticker.join()
+    during = [t for t in ticks if started < t < started + elapsed]
+    assert elapsed > 0.2, "encoding was too quick to tell"
+    assert len(during) >= 10, f"{len(during)} ticks in {elapsed:.2f}s of encoding"
+
+
+def test_min_tokens_bounds_the_token_count(backend):
+    tokenizer = Tokenizer(backend)
+    spec = json.loads(backend.to_str())
+    longest = max([len(t) for t in spec["model"]["vocab"]]
+                  + [len(a["content"].encode()) for a in spec["added_tokens"]])
+    assert tokenizer.max_token_bytes == longest
+    longest_text = max((tokenizer.decode([i], skip_special_tokens=False)
+                        for i in range(tokenizer.vocab_size)), key=lambda t: len(t.encode()))
+    for text in [*TEXTS, longest_text * 50, "<|im_start|>" * 40, "😀" * 30, " " * 500]:
+        assert tokenizer.min_tokens(text) <= len(tokenizer.encode(text)), text
+    assert tokenizer.min_tokens("x" * (longest * 7)) == 7
+    for pre in ("smollm", "llama3"):  # Sequence pre-tokenizers that keep every byte
+        gguf = Tokenizer.from_gguf_metadata(gguf_metadata(backend, pre=pre))
+        assert gguf.max_token_bytes == longest
+
+
+def test_no_token_bound_where_it_would_not_hold(backend):
+    """No bound (min_tokens 0) when one token may stand for unboundedly many characters:
+    a normalizer (NFC may merge characters), a pre-tokenizer that drops text, an added
+    token that swallows the whitespace around it."""
+    nfc = Tokenizer.from_gguf_metadata(gguf_metadata(backend, pre="qwen2"))
+    dropping = _copy(backend)
+    dropping.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(" ", behavior="removed"), pre_tokenizers.ByteLevel()])
+    whitespace = _copy(backend)
+    whitespace.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    stripping = _copy(backend)
+    stripping.add_tokens([AddedToken("<mask>", lstrip=True)])
+    assert len(Tokenizer(stripping).encode(" " * 100 + "<mask>")) == 1  # 106 characters
+    for tokenizer in (nfc, Tokenizer(dropping), Tokenizer(whitespace), Tokenizer(stripping)):
+        assert tokenizer.max_token_bytes is None
+        assert tokenizer.min_tokens("x" * 10_000) == 0

@@ -14,6 +14,7 @@ from prefixcache.integrations.server import BackgroundServer, build_app
 MAX_MODEL_LEN = 512  # the tiny model's context length
 OK_COMPLETION = {"model": SERVED_NAME, "prompt": "hello", "max_tokens": 2}
 OK_CHAT = {"model": SERVED_NAME, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+CHAT_NO_LIMIT = {key: value for key, value in OK_CHAT.items() if key != "max_tokens"}
 
 BAD_BODIES = [
     # (route, body, status, param, code)
@@ -51,6 +52,20 @@ BAD_BODIES = [
     ("/v1/chat/completions", {**OK_CHAT, "messages": [{"role": "user", "content": 7}]}, 400,
      "messages", None),
     ("/v1/chat/completions", {**OK_CHAT, "max_tokens": 0}, 400, "max_tokens", None),
+    # errors name the field the client sent: chat's max_completion_tokens
+    ("/v1/chat/completions", {**CHAT_NO_LIMIT, "max_completion_tokens": 0}, 400,
+     "max_completion_tokens", None),
+    ("/v1/chat/completions", {**CHAT_NO_LIMIT, "max_completion_tokens": MAX_MODEL_LEN}, 400,
+     "max_completion_tokens", "context_length_exceeded"),
+    # a blank salt is refused in the body as in the X-Cache-Salt header
+    ("/v1/completions", {**OK_COMPLETION, "cache_salt": " "}, 400, "cache_salt",
+     "invalid_cache_salt"),
+    ("/v1/cache/lookup", {"prompt": "x", "cache_salt": "\t "}, 400, "cache_salt",
+     "invalid_cache_salt"),
+    # every route that takes messages needs at least one
+    ("/tokenize", {"messages": []}, 400, "messages", None),
+    ("/v1/cache/warm", {"messages": []}, 400, "messages", None),
+    ("/v1/cache/lookup", {"messages": []}, 400, "messages", None),
     ("/v1/chat/completions", {**OK_CHAT, "model": "nope"}, 404, "model", "model_not_found"),
     ("/v1/chat/completions", {**OK_CHAT, "n": -1}, 400, "n", None),
     ("/tokenize", {"prompt": 3}, 400, "prompt", None),
@@ -76,6 +91,19 @@ def test_malformed_json(server: BackgroundServer, route: str) -> None:
 def test_unknown_route_and_method(server: BackgroundServer) -> None:
     assert_openai_error(httpx.get(f"{server.base_url}/v1/nothing"), 404)
     assert_openai_error(httpx.get(f"{server.base_url}/v1/completions"), 405)
+
+
+def test_blank_salt_header_is_refused_like_a_blank_body_salt(server: BackgroundServer) -> None:
+    # (a header value cannot carry surrounding blanks: HTTP strips them, so " " arrives "")
+    response = httpx.post(f"{server.base_url}/v1/completions", json=OK_COMPLETION,
+                          headers={"X-Cache-Salt": ""})
+    assert_openai_error(response, 400, "cache_salt", "invalid_cache_salt")
+    response = httpx.post(f"{server.base_url}/v1/completions",
+                          json={**OK_COMPLETION, "cache_salt": " "})
+    assert_openai_error(response, 400, "cache_salt", "invalid_cache_salt")
+    padded = httpx.post(f"{server.base_url}/v1/completions",
+                        json={**OK_COMPLETION, "cache_salt": " tenant "}, timeout=30)
+    assert padded.status_code == 200, padded.text  # not blank: a salt like any other
 
 
 def test_salt_header_and_body_must_agree(server: BackgroundServer) -> None:
@@ -128,6 +156,9 @@ def test_unset_max_tokens_fits_a_small_pool(tiny_chat_dir) -> None:
             too_big = httpx.post(f"{small.base_url}/v1/completions", json={
                 "model": SERVED_NAME, "prompt": "hi", "max_tokens": 200})
             assert_openai_error(too_big, 400, "max_tokens")
+            too_big = httpx.post(f"{small.base_url}/v1/chat/completions", json={
+                **CHAT_NO_LIMIT, "max_completion_tokens": 200})
+            assert_openai_error(too_big, 400, "max_completion_tokens")
             assert_server_clean(small.base_url)
     finally:
         engine.shutdown()

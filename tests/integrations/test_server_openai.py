@@ -3,6 +3,8 @@ and whole, n / stop / seed / token prompts, usage with cached tokens, info route
 
 from __future__ import annotations
 
+import collections
+
 import httpx
 import openai
 import pytest
@@ -80,6 +82,44 @@ def test_streamed_completion_matches_whole_one(client, server) -> None:
     assert finish == ["length"]
     assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 8
     assert chunks[-1].usage.prompt_tokens_details.cached_tokens > 0
+    assert_server_clean(server.base_url)
+
+
+STAGGERED = dict(model=SERVED_NAME, max_tokens=30, n=3, seed=0, stop=["e"], temperature=1.0)
+"""Three samples that hit the stop string after different numbers of tokens (checked)."""
+
+
+def _texts_and_finishes(choices: list) -> tuple[dict[int, str], dict[int, list[str | None]]]:
+    """Per choice index: the streamed text, and the finish_reason of every chunk in order."""
+    texts: dict[int, str] = collections.defaultdict(str)
+    reasons: dict[int, list[str | None]] = collections.defaultdict(list)
+    for choice in choices:
+        content = choice.text if hasattr(choice, "text") else choice.delta.content
+        texts[choice.index] += content or ""
+        reasons[choice.index].append(choice.finish_reason)
+    return texts, reasons
+
+
+@pytest.mark.parametrize("kind", ["completion", "chat"])
+def test_each_streamed_choice_finishes_exactly_once(client, server, kind: str) -> None:
+    """A choice that stops early is not finished again with every later snapshot of the
+    choices still running: one chunk carries its finish_reason, and it is its last."""
+    if kind == "completion":
+        create, extra = client.completions.create, {"prompt": "The quick brown fox"}
+        whole = {c.index: (c.text, c.finish_reason) for c in create(**STAGGERED, **extra).choices}
+    else:
+        create = client.chat.completions.create
+        extra = {"messages": [{"role": "user", "content": "The quick brown fox"}]}
+        whole = {c.index: (c.message.content, c.finish_reason)
+                 for c in create(**STAGGERED, **extra).choices}
+    assert len({len(text) for text, _ in whole.values()}) > 1, f"not staggered: {whole}"
+    chunks = list(create(stream=True, **STAGGERED, **extra))
+    texts, reasons = _texts_and_finishes([c for chunk in chunks for c in chunk.choices])
+    assert set(reasons) == {0, 1, 2}
+    for index, (text, finish_reason) in whole.items():
+        assert [r for r in reasons[index] if r] == [finish_reason], (index, reasons[index])
+        assert reasons[index][-1] == finish_reason
+        assert texts[index] == text
     assert_server_clean(server.base_url)
 
 
