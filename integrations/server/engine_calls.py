@@ -24,8 +24,9 @@ def engine_error(error: BaseException) -> ApiError:
     """The HTTP error for an engine-side failure."""
     if isinstance(error, EngineDeadError):
         return ApiError(503, f"the engine is not running: {error}", code="engine_dead")
-    if isinstance(error, EngineRequestError):
-        return ApiError(500, f"the request could not complete: {error}", code="engine_error")
+    if isinstance(error, EngineRequestError):  # the pool cannot hold it (pins since admitted)
+        return ApiError(503, f"the request could not complete: {error}",
+                        code="kv_cache_exhausted")
     if isinstance(error, (TypeError, ValueError)):
         return ApiError(400, str(error))
     return ApiError(500, f"internal error: {error!r}")

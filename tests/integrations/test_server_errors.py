@@ -8,8 +8,9 @@ import openai
 import pytest
 from integration_helpers import SERVED_NAME, assert_openai_error, assert_server_clean, make_llm
 
-from prefixcache.engine.async_llm import AsyncLLM
+from prefixcache.engine.async_llm import AsyncLLM, EngineRequestError
 from prefixcache.integrations.server import BackgroundServer, build_app
+from prefixcache.integrations.server.engine_calls import engine_error
 
 MAX_MODEL_LEN = 512  # the tiny model's context length
 OK_COMPLETION = {"model": SERVED_NAME, "prompt": "hello", "max_tokens": 2}
@@ -162,6 +163,30 @@ def test_unset_max_tokens_fits_a_small_pool(tiny_chat_dir) -> None:
             assert_server_clean(small.base_url)
     finally:
         engine.shutdown()
+
+
+def test_pins_that_leave_no_room_refuse_a_request_up_front(tiny_chat_dir) -> None:
+    """25 of 32 blocks pinned: a request needing 27 is a 400 before it runs (it used to run,
+    be preempted and fail), and the engine keeps serving."""
+    engine = AsyncLLM(make_llm(tiny_chat_dir, num_blocks=32))
+    try:
+        with BackgroundServer(build_app(engine, model_name=SERVED_NAME)) as small:
+            warm = httpx.post(f"{small.base_url}/v1/cache/warm", timeout=60,
+                              json={"prompt": list(range(1, 101)), "pin": True})
+            assert warm.status_code == 200, warm.text
+            body = {**OK_COMPLETION, "max_tokens": 100, "n": 2, "ignore_eos": True}
+            refused = httpx.post(f"{small.base_url}/v1/completions", json=body, timeout=60)
+            error = assert_openai_error(refused, 400, "max_tokens", "context_length_exceeded")
+            assert "pins hold" in error["message"]
+            ok = httpx.post(f"{small.base_url}/v1/completions", json=OK_COMPLETION, timeout=60)
+            assert ok.status_code == 200
+    finally:
+        engine.shutdown()
+
+
+def test_a_request_the_pool_cannot_finish_is_a_503() -> None:
+    error = engine_error(EngineRequestError("request needs more KV blocks than the pool can"))
+    assert (error.status, error.code) == (503, "kv_cache_exhausted")
 
 
 def test_a_stopped_engine_answers_503_not_a_hang(tiny_chat_dir) -> None:
