@@ -72,7 +72,9 @@ def _flatten_content(content: Any) -> str:
     for part in content:
         if not isinstance(part, Mapping) or part.get("type") != "text":
             raise ChatTemplateError(f"only text content parts are supported, got {part!r}")
-        texts.append(str(part.get("text", "")))
+        if not isinstance(part.get("text"), str):
+            raise ChatTemplateError(f"a text content part needs a string 'text', got {part!r}")
+        texts.append(part["text"])
     return "".join(texts)
 
 

@@ -69,6 +69,9 @@ def test_openai_text_parts_are_joined():
     assert "Hello there<|im_end|>" in template.render([{"role": "user", "content": parts}])
     with pytest.raises(ChatTemplateError, match="only text content parts"):
         template.render([{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}])
+    for part in ({"type": "text"}, {"type": "text", "text": 5}):
+        with pytest.raises(ChatTemplateError, match="needs a string 'text'"):
+            template.render([{"role": "user", "content": [part]}])
 
 
 def test_bad_messages_and_bad_templates():
