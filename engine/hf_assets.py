@@ -5,10 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from . import config_values as cv
 from .chat_template import ChatTemplate, chat_template_from_tokenizer_config
 from .model_config import ModelConfig
 from .tokenizer import Tokenizer
-from .weights.hf_folder import read_json
+from .weights.hf_folder import read_json_object
 
 
 def _token_text(value: Any) -> str | None:
@@ -20,12 +21,14 @@ def _token_text(value: Any) -> str | None:
 
 def _tokenizer_config(folder: Path) -> dict[str, Any]:
     path = folder / "tokenizer_config.json"
-    return read_json(path) if path.is_file() else {}
+    return read_json_object(path) if path.is_file() else {}
 
 
 def load_hf_tokenizer(folder: Path, config: ModelConfig) -> Tokenizer:
     """`tokenizer.json` plus the eos ids from config.json, generation_config.json and
-    tokenizer_config.json's `eos_token` (ValueError if tokenizer.json is missing)."""
+    tokenizer_config.json's `eos_token` (ValueError if tokenizer.json is missing, if a JSON
+    file does not hold an object, or if generation_config.json's eos_token_id is no token id;
+    each names the file)."""
     path = folder / "tokenizer.json"
     if not path.is_file():
         raise ValueError(f"{folder} has no tokenizer.json")
@@ -33,9 +36,8 @@ def load_hf_tokenizer(folder: Path, config: ModelConfig) -> Tokenizer:
     eos_ids = list(config.eos_token_ids)
     generation_path = folder / "generation_config.json"
     if generation_path.is_file():
-        generation_eos = read_json(generation_path).get("eos_token_id")
-        if generation_eos is not None:
-            eos_ids += generation_eos if isinstance(generation_eos, list) else [generation_eos]
+        eos_ids += cv.token_ids(read_json_object(generation_path), "eos_token_id",
+                                str(generation_path))
     eos_text = _token_text(_tokenizer_config(folder).get("eos_token"))
     if eos_text is not None and tokenizer.token_to_id(eos_text) is not None:
         eos_ids.append(tokenizer.token_to_id(eos_text))
@@ -47,7 +49,10 @@ def load_hf_chat_template(folder: Path) -> ChatTemplate | None:
     tokenizer_config = _tokenizer_config(folder)
     jinja_path = folder / "chat_template.jinja"
     if jinja_path.is_file():
-        source = jinja_path.read_text(encoding="utf-8")
+        try:
+            source = jinja_path.read_text(encoding="utf-8")
+        except UnicodeDecodeError as error:
+            raise ValueError(f"{jinja_path} is not UTF-8 text: {error}") from error
     else:
         source = chat_template_from_tokenizer_config(tokenizer_config)
     if not source:

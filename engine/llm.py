@@ -13,6 +13,14 @@ import torch
 from prefixcache import PrefixCache
 from prefixcache.engine.devices import resolve_device
 from prefixcache.engine.engine_core import EngineCore
+from prefixcache.engine.engine_options import (
+    MIN_MODEL_LEN,
+    check_bool_option,
+    check_int_option,
+    check_kv_pool_size,
+    check_optional_int_option,
+    resolve_dtype,
+)
 from prefixcache.engine.kv_cache import PagedKVCache, blocks_for_memory
 from prefixcache.engine.model_registry import DEFAULT_MODEL, load_model
 from prefixcache.engine.model_runner import ModelRunner
@@ -33,7 +41,12 @@ class LLM:
 
     ``model``: "smollm2" (default), a Hugging Face folder or a ``.gguf`` path. The pool has
     ``num_blocks`` blocks of ``block_size`` tokens, or as many as fit in ``kv_cache_memory``
-    bytes. ``enable_prefix_caching=False`` still pages KV but never reuses it. ``device``
+    bytes (give at most one; 1 GiB by default). ``max_model_len`` (default 8192, at least 2:
+    one prompt token plus one generated) is capped by the model's context length. ``dtype``:
+    float32, bfloat16 or float16 (a ``torch.dtype`` or a name, any case). ``None`` means the
+    default for every optional setting; any other value is checked before the model loads
+    (TypeError / ValueError naming the option). ``enable_prefix_caching=False`` still pages
+    KV but never reuses it. ``device``
     ("cpu" by default, "cuda", "cuda:1", ...) holds the weights, the KV pool and every step's
     index tensors; on CUDA attention runs through the Triton kernels, elsewhere through the
     CPU path (see ``prefixcache.kernels``).
@@ -56,18 +69,26 @@ class LLM:
         kv_cache_dtype: str = "auto",
         device: str | torch.device | None = None,
     ) -> None:
+        check_int_option("block_size", block_size)
+        check_kv_pool_size(num_blocks, kv_cache_memory)
+        check_optional_int_option("max_model_len", max_model_len, MIN_MODEL_LEN)
+        check_optional_int_option("num_threads", num_threads)
+        check_bool_option("enable_prefix_caching", enable_prefix_caching)
+        check_int_option("max_num_seqs", max_num_seqs)
+        check_int_option("max_num_batched_tokens", max_num_batched_tokens)
+        compute_dtype = resolve_dtype(dtype)
         if num_threads is not None:
             torch.set_num_threads(num_threads)
         self.device = resolve_device(device)
-        loaded = load_model(model, dtype=_as_dtype(dtype), device=self.device)
+        loaded = load_model(model, dtype=compute_dtype, device=self.device)
         self.model_name = str(model)
         self.config = loaded.config
         self.tokenizer = loaded.tokenizer
         self.chat_template = loaded.chat_template
         self.dtype = loaded.model.dtype
-        self.max_model_len = min(
-            max_model_len or DEFAULT_MAX_MODEL_LEN, self.config.max_position_embeddings
-        )
+        if max_model_len is None:
+            max_model_len = DEFAULT_MAX_MODEL_LEN
+        self.max_model_len = min(max_model_len, self.config.max_position_embeddings)
         if self.config.sliding_window:  # paged attention is full: stay inside the window
             self.max_model_len = min(self.max_model_len, self.config.sliding_window)
         # Accelerators never grow the RoPE table inside a step (that would sync with the host).
@@ -75,7 +96,7 @@ class LLM:
         if num_blocks is None:
             num_blocks = blocks_for_memory(
                 self.config, block_size, kv_storage_dtype(kv_cache_dtype, self.dtype),
-                kv_cache_memory or DEFAULT_KV_CACHE_MEMORY,
+                DEFAULT_KV_CACHE_MEMORY if kv_cache_memory is None else kv_cache_memory,
             )
         self.cache = PrefixCache(num_blocks, block_size, model_fingerprint=loaded.fingerprint)
         self.kv = PagedKVCache(
@@ -197,19 +218,3 @@ class LLM:
         request_id = f"req-{next(self._ids)}"
         self.engine.add_request(request_id, token_ids, params, salt)
         return request_id
-
-
-def _as_dtype(dtype: torch.dtype | str | None) -> torch.dtype | None:
-    if dtype is None or isinstance(dtype, torch.dtype):
-        return dtype
-    names = {
-        "float32": torch.float32,
-        "fp32": torch.float32,
-        "bfloat16": torch.bfloat16,
-        "bf16": torch.bfloat16,
-        "float16": torch.float16,
-        "fp16": torch.float16,
-    }
-    if dtype not in names:
-        raise ValueError(f"unknown dtype {dtype!r}; choose from {sorted(names)}")
-    return names[dtype]

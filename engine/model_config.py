@@ -11,9 +11,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from . import config_values as cv
+
 # HF `model_type` / GGUF `general.architecture` values this engine can run.
 SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2")
 ROPE_TYPES = ("default", "linear", "llama3")
+# HF `hidden_act` values meaning the one MLP activation implemented (SiLU, a.k.a. swish).
+SUPPORTED_ACTIVATIONS = ("silu", "swish")
 
 
 @dataclass(frozen=True)
@@ -107,37 +111,49 @@ class ModelConfig:
 
     @classmethod
     def from_hf_config(cls, config: Mapping[str, Any]) -> ModelConfig:
-        """Build from a parsed Hugging Face `config.json` (transformers 4.x or 5.x layout)."""
+        """Build from a parsed Hugging Face `config.json` (transformers 4.x or 5.x layout).
+
+        Every value is type-checked (ValueError naming the key): sizes are positive ints (0 is
+        invalid, not missing), `hidden_act` must be SiLU, the only MLP activation implemented.
+        """
         if not isinstance(config, Mapping):
             raise ValueError(f"config.json must hold a JSON object, got {type(config).__name__}")
+        where = "config.json"
         architecture = config.get("model_type")
         if architecture is None:
             raise ValueError("config.json has no 'model_type'")
-        hidden_size = _require(config, "hidden_size", "config.json")
-        num_heads = _require(config, "num_attention_heads", "config.json")
-        head_dim = config.get("head_dim") or _exact_div(hidden_size, num_heads, "hidden_size")
+        architecture = cv.text(config, "model_type", where)
+        _check_activation(config.get("hidden_act"), "hidden_act", where)
+        hidden_size = cv.positive_int(config, "hidden_size", where)
+        num_heads = cv.positive_int(config, "num_attention_heads", where)
+        head_dim = cv.positive_int(config, "head_dim", where, None) or _exact_div(
+            hidden_size, num_heads, "hidden_size")
         # transformers 5 moves rope_theta and the scaling dict into `rope_parameters`.
-        rope_params = config.get("rope_parameters") or {}
-        rope_theta = rope_params.get("rope_theta", config.get("rope_theta", 10000.0))
-        scaling_dict = config.get("rope_scaling") or rope_params
+        rope_params = cv.mapping(config, "rope_parameters", where)
+        rope_theta = cv.number(config, "rope_theta", where, 10000.0)
+        rope_theta = cv.number(rope_params, "rope_theta", f"{where} rope_parameters", rope_theta)
+        scaling_key = "rope_scaling" if config.get("rope_scaling") else "rope_parameters"
         return cls(
-            architecture=str(architecture),
-            vocab_size=_require(config, "vocab_size", "config.json"),
+            architecture=architecture,
+            vocab_size=cv.positive_int(config, "vocab_size", where),
             hidden_size=hidden_size,
-            intermediate_size=_require(config, "intermediate_size", "config.json"),
-            num_layers=_require(config, "num_hidden_layers", "config.json"),
+            intermediate_size=cv.positive_int(config, "intermediate_size", where),
+            num_layers=cv.positive_int(config, "num_hidden_layers", where),
             num_heads=num_heads,
-            num_kv_heads=config.get("num_key_value_heads") or num_heads,
+            num_kv_heads=cv.positive_int(config, "num_key_value_heads", where, num_heads),
             head_dim=head_dim,
-            rms_norm_eps=float(config.get("rms_norm_eps", 1e-6)),
-            rope_theta=float(rope_theta),
-            rope_scaling=_rope_scaling_from_dict(scaling_dict),
-            max_position_embeddings=config.get("max_position_embeddings", 2048),
-            tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
+            rms_norm_eps=cv.number(config, "rms_norm_eps", where, 1e-6),
+            rope_theta=rope_theta,
+            rope_scaling=_rope_scaling_from_dict(
+                cv.mapping(config, scaling_key, where), f"{where} {scaling_key}"),
+            max_position_embeddings=cv.positive_int(config, "max_position_embeddings", where,
+                                                    2048),
+            tie_word_embeddings=cv.flag(config, "tie_word_embeddings", where, False),
             # Qwen2 always has a QKV bias; its config.json does not say so.
-            attention_bias=architecture == "qwen2" or bool(config.get("attention_bias", False)),
-            bos_token_id=config.get("bos_token_id"),
-            eos_token_ids=_as_id_tuple(config.get("eos_token_id")),
+            attention_bias=architecture == "qwen2"
+            or cv.flag(config, "attention_bias", where, False),
+            bos_token_id=cv.token_id(config, "bos_token_id", where),
+            eos_token_ids=cv.token_ids(config, "eos_token_id", where),
             sliding_window=_hf_sliding_window(config),
         )
 
@@ -145,98 +161,91 @@ class ModelConfig:
     def from_gguf_metadata(
         cls, metadata: Mapping[str, Any], *, has_output_tensor: bool, has_qkv_bias: bool
     ) -> ModelConfig:
-        """Build from GGUF key/values (llama.cpp names, e.g. `llama.block_count`).
+        """Build from GGUF key/values (llama.cpp names, e.g. `llama.block_count`); every value
+        is type-checked (ValueError naming the key).
 
         `has_output_tensor` / `has_qkv_bias` come from the tensor list: a GGUF states tied
         embeddings and QKV bias only by the presence of `output.weight` / `blk.0.attn_q.bias`.
+        GGUF has no activation key: llama.cpp runs these architectures with SiLU, as this does.
         """
-        architecture = metadata.get("general.architecture")
-        if architecture is None:
-            raise ValueError("GGUF metadata has no 'general.architecture'")
-        arch = str(architecture)
         where = "GGUF metadata"
-        hidden_size = _require(metadata, f"{arch}.embedding_length", where)
-        num_heads = _require(metadata, f"{arch}.attention.head_count", where)
-        vocab_size = metadata.get(f"{arch}.vocab_size")
+        arch = cv.text(metadata, "general.architecture", where)
+        hidden_size = cv.positive_int(metadata, f"{arch}.embedding_length", where)
+        num_heads = cv.positive_int(metadata, f"{arch}.attention.head_count", where)
+        vocab_size = cv.positive_int(metadata, f"{arch}.vocab_size", where, None)
         if vocab_size is None:
             tokens = metadata.get("tokenizer.ggml.tokens")
-            if tokens is None:
+            if not isinstance(tokens, list) or not tokens:
                 raise ValueError(f"GGUF metadata has neither '{arch}.vocab_size' nor a vocabulary")
             vocab_size = len(tokens)
-        head_dim = metadata.get(f"{arch}.attention.key_length") or _exact_div(
-            hidden_size, num_heads, f"{arch}.embedding_length"
-        )
-        scaling_type = metadata.get(f"{arch}.rope.scaling.type", "none")
-        if scaling_type in ("none", None):
-            scaling = RopeScaling()
-        elif scaling_type == "linear":
-            scaling = RopeScaling("linear", float(metadata[f"{arch}.rope.scaling.factor"]))
-        else:
-            raise ValueError(f"unsupported GGUF rope scaling type {scaling_type!r}")
-        eos = metadata.get("tokenizer.ggml.eos_token_id")
+        head_dim = cv.positive_int(metadata, f"{arch}.attention.key_length", where, None)
         return cls(
             architecture=arch,
-            vocab_size=int(vocab_size),
+            vocab_size=vocab_size,
             hidden_size=hidden_size,
-            intermediate_size=_require(metadata, f"{arch}.feed_forward_length", where),
-            num_layers=_require(metadata, f"{arch}.block_count", where),
+            intermediate_size=cv.positive_int(metadata, f"{arch}.feed_forward_length", where),
+            num_layers=cv.positive_int(metadata, f"{arch}.block_count", where),
             num_heads=num_heads,
-            num_kv_heads=int(metadata.get(f"{arch}.attention.head_count_kv") or num_heads),
-            head_dim=int(head_dim),
-            rms_norm_eps=float(metadata.get(f"{arch}.attention.layer_norm_rms_epsilon", 1e-5)),
-            rope_theta=float(metadata.get(f"{arch}.rope.freq_base", 10000.0)),
-            rope_scaling=scaling,
-            max_position_embeddings=int(metadata.get(f"{arch}.context_length", 2048)),
+            num_kv_heads=cv.positive_int(metadata, f"{arch}.attention.head_count_kv", where,
+                                         num_heads),
+            head_dim=head_dim or _exact_div(hidden_size, num_heads, f"{arch}.embedding_length"),
+            rms_norm_eps=cv.number(metadata, f"{arch}.attention.layer_norm_rms_epsilon", where,
+                                   1e-5),
+            rope_theta=cv.number(metadata, f"{arch}.rope.freq_base", where, 10000.0),
+            rope_scaling=_gguf_rope_scaling(metadata, arch),
+            max_position_embeddings=cv.positive_int(metadata, f"{arch}.context_length", where,
+                                                    2048),
             tie_word_embeddings=not has_output_tensor,
             attention_bias=has_qkv_bias,
-            bos_token_id=_optional_int(metadata.get("tokenizer.ggml.bos_token_id")),
-            eos_token_ids=_as_id_tuple(eos),
+            bos_token_id=cv.token_id(metadata, "tokenizer.ggml.bos_token_id", where),
+            eos_token_ids=cv.token_ids(metadata, "tokenizer.ggml.eos_token_id", where),
         )
+
+
+def _check_activation(value: Any, key: str, where: str) -> None:
+    """The MLP runs SiLU (a.k.a. swish) only; absent means SiLU, the Llama-family default."""
+    if value is not None and value not in SUPPORTED_ACTIVATIONS:
+        raise ValueError(
+            f"{where}: {key} is {value!r}; only {list(SUPPORTED_ACTIVATIONS)} "
+            "(the same function) is supported"
+        )
+
+
+def _gguf_rope_scaling(metadata: Mapping[str, Any], arch: str) -> RopeScaling:
+    """`{arch}.rope.scaling.type` "none" (or absent) or "linear" with its factor."""
+    where = "GGUF metadata"
+    scaling_type = cv.text(metadata, f"{arch}.rope.scaling.type", where, "none")
+    if scaling_type == "none":
+        return RopeScaling()
+    if scaling_type == "linear":
+        return RopeScaling("linear", cv.number(metadata, f"{arch}.rope.scaling.factor", where))
+    raise ValueError(f"unsupported GGUF rope scaling type {scaling_type!r}")
 
 
 def _hf_sliding_window(config: Mapping[str, Any]) -> int | None:
     """Mistral applies `sliding_window` to every layer; Qwen2 only with `use_sliding_window`,
     and then only from layer `max_window_layers` on, which this engine does not support."""
-    window = config.get("sliding_window")
+    window = cv.positive_int(config, "sliding_window", "config.json", None)
     if window is None:
         return None
     if config.get("model_type") == "qwen2":
-        if not config.get("use_sliding_window", False):
+        if not cv.flag(config, "use_sliding_window", "config.json", False):
             return None
         raise ValueError("Qwen2 per-layer sliding window attention is not supported")
-    return int(window)
-
-
-def _require(source: Mapping[str, Any], key: str, where: str) -> Any:
-    if key not in source or source[key] is None:
-        raise ValueError(f"{where} is missing required key {key!r}")
-    return source[key]
+    return window
 
 
 def _exact_div(numerator: int, denominator: int, what: str) -> int:
-    if not isinstance(denominator, int) or denominator <= 0 or numerator % denominator:
+    """`numerator // denominator` for positive ints, ValueError if it leaves a remainder."""
+    if numerator % denominator:
         raise ValueError(f"{what} ({numerator}) is not divisible by the head count ({denominator})")
     return numerator // denominator
 
 
-def _optional_int(value: Any) -> int | None:
-    return None if value is None else int(value)
-
-
-def _as_id_tuple(value: Any) -> tuple[int, ...]:
-    if value is None:
-        return ()
-    if isinstance(value, (list, tuple)):
-        return tuple(int(v) for v in value)
-    return (int(value),)
-
-
-def _rope_scaling_from_dict(scaling: Mapping[str, Any] | None) -> RopeScaling:
+def _rope_scaling_from_dict(scaling: Mapping[str, Any], where: str) -> RopeScaling:
     """Parse HF `rope_scaling` / `rope_parameters` ("type" in 4.x, "rope_type" later)."""
     if not scaling:
         return RopeScaling()
-    if not isinstance(scaling, Mapping):
-        raise ValueError(f"rope_scaling must be an object, got {scaling!r}")
     rope_type = scaling.get("rope_type", scaling.get("type", "default"))
     if rope_type == "default":
         return RopeScaling()
@@ -244,10 +253,9 @@ def _rope_scaling_from_dict(scaling: Mapping[str, Any] | None) -> RopeScaling:
         raise ValueError(f"rope scaling {rope_type!r} needs a 'factor'")
     return RopeScaling(
         rope_type=str(rope_type),
-        factor=float(scaling["factor"]),
-        low_freq_factor=float(scaling.get("low_freq_factor", 1.0)),
-        high_freq_factor=float(scaling.get("high_freq_factor", 4.0)),
-        original_max_position_embeddings=int(
-            scaling.get("original_max_position_embeddings", 8192)
-        ),
+        factor=cv.number(scaling, "factor", where),
+        low_freq_factor=cv.number(scaling, "low_freq_factor", where, 1.0),
+        high_freq_factor=cv.number(scaling, "high_freq_factor", where, 4.0),
+        original_max_position_embeddings=cv.positive_int(
+            scaling, "original_max_position_embeddings", where, 8192),
     )

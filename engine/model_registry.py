@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -64,18 +65,36 @@ def _smollm2_gguf() -> Path:
     )
 
 
-def resolve_model(name_or_path: str | Path = DEFAULT_MODEL) -> ResolvedModel:
-    """Map a model name or path to its files (ValueError naming it when it cannot)."""
-    if isinstance(name_or_path, str) and name_or_path.strip().lower() in _SMOLLM2_NAMES:
+def resolve_model(name_or_path: str | os.PathLike[str] = DEFAULT_MODEL) -> ResolvedModel:
+    """Map a model name or path to its files (ValueError naming it when it cannot, TypeError
+    when it is neither a str nor a path). A ``str`` naming SmolLM2 is the packaged model; so
+    is such a ``Path`` unless it exists."""
+    text = os.fspath(name_or_path) if isinstance(name_or_path, os.PathLike) else name_or_path
+    if not isinstance(text, str):
+        raise TypeError(
+            f"model must be a str or a path, got {type(name_or_path).__name__}: use "
+            f"{DEFAULT_MODEL!r}, a Hugging Face model folder, or a path to a .gguf file"
+        )
+    if not text.strip():
+        raise ValueError(
+            f"model name is empty: use {DEFAULT_MODEL!r}, a Hugging Face model folder, "
+            "or a path to a .gguf file"
+        )
+    is_name = text.strip().lower() in _SMOLLM2_NAMES
+    if is_name and isinstance(name_or_path, str):
         return ResolvedModel("gguf", _smollm2_gguf())
-    path = Path(name_or_path).expanduser()
-    if path.is_dir():
+    path = Path(text).expanduser()
+    is_dir, is_file = _path_kind(path, text)
+    if is_name and not (is_dir or is_file):
+        return ResolvedModel("gguf", _smollm2_gguf())
+    if is_dir:
+        if not os.access(path, os.X_OK):
+            raise ValueError(f"model folder {text!r} cannot be read: permission denied")
         return ResolvedModel("hf", path)
-    if path.is_file():
+    if is_file:
         if path.suffix.lower() == ".gguf":
             return ResolvedModel("gguf", path)
-        raise ValueError(f"model file {str(path)!r} is not a .gguf file")
-    text = str(name_or_path)
+        raise ValueError(f"model file {text!r} is not a .gguf file")
     if path.suffix.lower() == ".gguf" or "/" in text or "\\" in text or text.startswith("."):
         raise ValueError(
             f"model path {text!r} does not exist (models are never downloaded: pass a local "
@@ -87,16 +106,29 @@ def resolve_model(name_or_path: str | Path = DEFAULT_MODEL) -> ResolvedModel:
     )
 
 
+def _path_kind(path: Path, text: str) -> tuple[bool, bool]:
+    """(is a folder, is a file); ValueError when the path cannot even be looked at (e.g. a
+    parent folder denies access)."""
+    try:
+        return path.is_dir(), path.is_file()
+    except OSError as error:
+        raise ValueError(f"cannot access model path {text!r}: {error.strerror}") from error
+
+
 def load_model(name_or_path: str | Path = DEFAULT_MODEL, dtype: torch.dtype | None = None,
                device: torch.device | str = "cpu") -> LoadedModel:
     """Load weights, tokenizer and chat template; `dtype` defaults to `default_cpu_dtype()`
-    on CPU and bfloat16 elsewhere."""
+    on CPU and bfloat16 elsewhere. ValueError for files that cannot be read or parsed, and
+    for a tokenizer that can produce ids outside the model's vocabulary."""
     resolved = resolve_model(name_or_path)
     if dtype is None:
         dtype = default_cpu_dtype() if torch.device(device).type == "cpu" else torch.bfloat16
-    if resolved.kind == "gguf":
-        return _load_gguf(resolved.path, dtype, device)
-    return _load_hf(resolved.path, dtype, device)
+    try:
+        if resolved.kind == "gguf":
+            return _load_gguf(resolved.path, dtype, device)
+        return _load_hf(resolved.path, dtype, device)
+    except PermissionError as error:
+        raise ValueError(f"cannot read model file {error.filename}: permission denied") from error
 
 
 def _load_gguf(path: Path, dtype: torch.dtype, device: torch.device | str) -> LoadedModel:
@@ -107,6 +139,7 @@ def _load_gguf(path: Path, dtype: torch.dtype, device: torch.device | str) -> Lo
     if factors is not None:
         model.rotary.set_frequency_factors(factors)
     tokenizer = Tokenizer.from_gguf_metadata(gguf_file.metadata)
+    _check_vocabulary_fits(tokenizer, config, path)
     source = gguf_file.metadata.get("tokenizer.chat_template")
     template = None
     if source:
@@ -119,11 +152,24 @@ def _load_gguf(path: Path, dtype: torch.dtype, device: torch.device | str) -> Lo
 def _load_hf(folder: Path, dtype: torch.dtype, device: torch.device | str) -> LoadedModel:
     config = read_hf_config(folder)
     tokenizer = load_hf_tokenizer(folder, config)
+    _check_vocabulary_fits(tokenizer, config, folder)
     model = build_model(config, read_hf_state_dict(folder), dtype, device)
     fingerprint = weights_fingerprint(
         config.architecture, [folder / "config.json", *safetensors_files(folder)]
     )
     return LoadedModel(model, config, tokenizer, load_hf_chat_template(folder), fingerprint)
+
+
+def _check_vocabulary_fits(tokenizer: Tokenizer, config: ModelConfig, source: Path) -> None:
+    """ValueError when the tokenizer has ids the model has no embedding row for (a tokenizer
+    smaller than the model's padded vocabulary is normal)."""
+    largest = max(tokenizer.backend.get_vocab(with_added_tokens=True).values(), default=-1)
+    if largest >= config.vocab_size:
+        raise ValueError(
+            f"{source}: the tokenizer has token ids up to {largest} but the model's vocabulary "
+            f"has {config.vocab_size} (ids 0..{config.vocab_size - 1}): the tokenizer does not "
+            "belong to these weights"
+        )
 
 
 def _token(tokenizer: Tokenizer, token_id: int | None) -> str | None:

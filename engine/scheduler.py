@@ -16,13 +16,18 @@ import time
 from collections import deque
 
 from prefixcache import CacheFull, CopyOp, PrefixCache
+from prefixcache.engine.engine_options import check_bool_option, check_int_option
 from prefixcache.engine.request import Request, RequestStatus
 from prefixcache.engine.scheduler_output import ScheduledSequence, SchedulerOutput
 from prefixcache.engine.scheduling_policy import SchedulingPolicy
 
 
 class Scheduler:
-    """Owns the waiting queue and the running list; the ``PrefixCache`` owns the block ids."""
+    """Owns the waiting queue and the running list; the ``PrefixCache`` owns the block ids.
+
+    ``max_num_seqs`` and ``max_num_batched_tokens`` must be positive ints and
+    ``enable_prefix_caching`` a bool (TypeError / ValueError naming the option otherwise).
+    """
 
     def __init__(
         self,
@@ -34,9 +39,13 @@ class Scheduler:
     ) -> None:
         self.cache = cache
         self.block_size = cache.block_size
-        self.max_num_seqs = max_num_seqs
-        self.max_num_batched_tokens = max_num_batched_tokens
-        self.enable_prefix_caching = enable_prefix_caching
+        self.max_num_seqs = check_int_option("max_num_seqs", max_num_seqs)
+        self.max_num_batched_tokens = check_int_option(
+            "max_num_batched_tokens", max_num_batched_tokens
+        )
+        self.enable_prefix_caching = check_bool_option(
+            "enable_prefix_caching", enable_prefix_caching
+        )
         self.policy = policy or SchedulingPolicy("fcfs")
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []

@@ -76,16 +76,28 @@ class GGUFFile:
 
     @cached_property
     def config(self) -> ModelConfig:
-        return ModelConfig.from_gguf_metadata(
-            self.metadata,
-            has_output_tensor="output.weight" in self._tensors,
-            has_qkv_bias="blk.0.attn_q.bias" in self._tensors,
-        )
+        """The architecture from the metadata (ValueError naming this file and the key)."""
+        try:
+            return ModelConfig.from_gguf_metadata(
+                self.metadata,
+                has_output_tensor="output.weight" in self._tensors,
+                has_qkv_bias="blk.0.attn_q.bias" in self._tensors,
+            )
+        except ValueError as error:
+            raise ValueError(f"{self.path}: {error}") from error
 
     def read_tensor(self, name: str) -> np.ndarray:
-        """Dequantized float32 numpy array in row-major (out, in) order."""
+        """Dequantized float32 numpy array in row-major (out, in) order (ValueError naming the
+        file and tensor for a type `gguf` cannot dequantize, e.g. the integer types I8/I32,
+        or for data that does not fit its type)."""
         tensor = self._tensors[name]
-        array = gguf.quants.dequantize(tensor.data, tensor.tensor_type)
+        try:
+            array = gguf.quants.dequantize(tensor.data, tensor.tensor_type)
+        except (NotImplementedError, ValueError) as error:  # unsupported type, bad data
+            raise ValueError(
+                f"{self.path}: cannot dequantize tensor {name!r} of type "
+                f"{tensor.tensor_type.name}: {error}"
+            ) from error
         # GGUF lists dims fastest-first; numpy wants them reversed.
         shape = tuple(int(d) for d in reversed(tensor.shape))
         array = np.asarray(array, dtype=np.float32).reshape(shape)

@@ -81,3 +81,59 @@ def test_sliding_window_by_architecture():
     assert ModelConfig.from_hf_config(qwen).sliding_window is None  # use_sliding_window false
     with pytest.raises(ValueError, match="sliding window attention is not supported"):
         ModelConfig.from_hf_config(dict(qwen, use_sliding_window=True))
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    ({"hidden_size": "64"}, "hidden_size must be a positive integer, got '64'"),
+    ({"num_attention_heads": "4"}, "num_attention_heads must be a positive integer, got '4'"),
+    ({"num_key_value_heads": 0}, "num_key_value_heads must be a positive integer, got 0"),
+    ({"head_dim": 0}, "head_dim must be a positive integer, got 0"),
+    ({"head_dim": "64"}, "head_dim must be a positive integer"),
+    ({"max_position_embeddings": 512.0}, "max_position_embeddings must be a positive integer"),
+    ({"rms_norm_eps": "abc"}, "rms_norm_eps must be a finite number, got 'abc'"),
+    ({"rope_theta": "x"}, "rope_theta must be a finite number"),
+    ({"rope_parameters": [1]}, "rope_parameters must be an object"),
+    ({"rope_scaling": {"rope_type": "linear", "factor": "2"}}, "factor must be a finite number"),
+    ({"eos_token_id": "abc"}, "eos_token_id must be a token id"),
+    ({"eos_token_id": {}}, "eos_token_id must be a token id"),
+    ({"eos_token_id": [2, "x"]}, "eos_token_id must be a token id"),
+    ({"bos_token_id": "1"}, "bos_token_id must be a token id"),
+    ({"tie_word_embeddings": "false"}, "tie_word_embeddings must be true or false"),
+    ({"hidden_act": "gelu"}, "hidden_act is 'gelu'; only \\['silu', 'swish'\\]"),
+    ({"model_type": "mistral", "sliding_window": "abc"}, "sliding_window must be a positive"),
+    ({"model_type": "mistral", "sliding_window": 0}, "sliding_window must be a positive"),
+])
+def test_hf_config_values_are_type_checked_naming_the_key(change, message):
+    with pytest.raises(ValueError, match=f"config.json.*{message}"):
+        ModelConfig.from_hf_config(dict(LLAMA_V4, **change))
+
+
+def test_silu_and_swish_are_the_same_activation():
+    for act in ("silu", "swish"):
+        assert ModelConfig.from_hf_config(dict(LLAMA_V4, hidden_act=act)).num_layers == 30
+
+
+GGUF_METADATA = {
+    "general.architecture": "llama", "llama.block_count": 2, "llama.embedding_length": 64,
+    "llama.feed_forward_length": 96, "llama.attention.head_count": 4, "llama.vocab_size": 320,
+}
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    ({"llama.context_length": "abc"}, "llama.context_length must be a positive integer"),
+    ({"llama.attention.head_count_kv": 0}, "llama.attention.head_count_kv must be a positive"),
+    ({"llama.rope.scaling.type": "linear"}, "missing required key 'llama.rope.scaling.factor'"),
+    ({"llama.attention.layer_norm_rms_epsilon": "x"}, "layer_norm_rms_epsilon must be a finite"),
+    ({"tokenizer.ggml.eos_token_id": "2"}, "tokenizer.ggml.eos_token_id must be a token id"),
+])
+def test_gguf_metadata_values_are_type_checked_naming_the_key(change, message):
+    with pytest.raises(ValueError, match=message):
+        ModelConfig.from_gguf_metadata(dict(GGUF_METADATA, **change), has_output_tensor=False,
+                                       has_qkv_bias=False)
+
+
+def test_gguf_linear_rope_scaling():
+    metadata = dict(GGUF_METADATA, **{"llama.rope.scaling.type": "linear",
+                                      "llama.rope.scaling.factor": 2.0})
+    config = ModelConfig.from_gguf_metadata(metadata, has_output_tensor=False, has_qkv_bias=False)
+    assert config.rope_scaling == RopeScaling("linear", 2.0)
