@@ -160,6 +160,14 @@ def _load_hf(folder: Path, dtype: torch.dtype, device: torch.device | str) -> Lo
     return LoadedModel(model, config, tokenizer, load_hf_chat_template(folder), fingerprint)
 
 
+def describe_load_error(model: object, error: BaseException) -> str:
+    """One line for a model that did not load: a ValueError's message (the documented bad
+    input) alone, any other exception (a malformed file tripping a loader) with its type."""
+    if isinstance(error, ValueError) and str(error):
+        return str(error)
+    return f"model {str(model)!r} did not load: {type(error).__name__}: {error}"
+
+
 def _check_vocabulary_fits(tokenizer: Tokenizer, config: ModelConfig, source: Path) -> None:
     """ValueError when the tokenizer has ids the model has no embedding row for (a tokenizer
     smaller than the model's padded vocabulary is normal)."""

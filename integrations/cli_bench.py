@@ -2,9 +2,11 @@
 
 With no arguments: the embedded SmolLM2 on this machine, the agent + RAG workload, prefix
 caching off vs on, sequential requests; a table in the terminal and JSON, CSV and PNG plots
-under results/bench/. Bad input exits with code 2 and one message; a run in which no request
-succeeded exits with code 1 and Ctrl-C with 130, each after printing and writing what was
-measured.
+under results/bench/. Bad input exits with code 2 and one message, before anything runs or
+is written: bad options, output paths that cannot be written, an embedded model (or engine
+option such as --dtype, --num-blocks) that does not load, a bad --url or --timeout. A run in
+which no request succeeded exits with code 1 and Ctrl-C with 130, each after printing and
+writing what was measured.
 """
 
 from __future__ import annotations
@@ -23,6 +25,12 @@ def _cache_modes(text: str) -> tuple[bool, ...]:
     if not parts or any(part not in modes for part in parts) or len(set(parts)) != len(parts):
         raise ValueError(f"--cache takes on, off, 'off,on' or 'on,off'; got {text!r}")
     return tuple(modes[part] for part in parts)
+
+
+def _llm_kwargs(**given: object) -> dict[str, object]:
+    """The engine options the user gave (None = not given), passed through unchanged so the
+    engine validates them (``--num-blocks 0`` is an error, not the default pool)."""
+    return {name: value for name, value in given.items() if value is not None}
 
 
 def bench(
@@ -60,8 +68,13 @@ def bench(
     slo: Annotated[str | None, typer.Option(help="Goodput SLO, e.g. ttft:500,tpot:100.")] = None,
     seed: Annotated[int, typer.Option(help="Workload and arrival seed.")] = 0,
     vocab_size: Annotated[
-        int, typer.Option(help="Synthetic token ids are drawn below this.")
-    ] = 32000,
+        int | None,
+        typer.Option(
+            help="Synthetic token ids are drawn below this (default: 32000, capped at the "
+            "embedded model's vocabulary).",
+            show_default=False,
+        ),
+    ] = None,
     output_len: Annotated[int | None, typer.Option(help=SIZE_HELP)] = None,
     system_len: Annotated[int | None, typer.Option(help=SIZE_HELP)] = None,
     question_len: Annotated[int | None, typer.Option(help=SIZE_HELP)] = None,
@@ -135,9 +148,7 @@ def bench(
             from prefixcache.engine.devices import resolve_device
 
             resolve_device(device)  # a bad name fails here, not once per request
-        llm_kwargs = {
-            k: v for k, v in (("num_blocks", num_blocks), ("dtype", dtype), ("device", device)) if v
-        }
+        llm_kwargs = _llm_kwargs(num_blocks=num_blocks, dtype=dtype, device=device)
         options = BenchOptions(
             workload=workload,
             trace_file=trace_file,

@@ -3,14 +3,63 @@
     prefixcache serve --model smollm2 --host 127.0.0.1 --port 8000 [--api-key KEY]
 
 The key can also come from the PREFIXCACHE_API_KEY environment variable (kept out of the
-process list). Bad options exit with code 2 and one message.
+process list). Bad options exit with code 2 and one message; those that can be checked
+without the model (--log-level, --kv-cache-dtype, whether --host/--port can be bound, --device)
+are checked before it loads, and any failure to load the model is one message too.
 """
 
 from __future__ import annotations
 
+import socket
+from enum import Enum
 from typing import Annotated
 
 import typer
+
+
+class LogLevel(str, Enum):
+    """uvicorn's log levels (the keys of ``uvicorn.config.LOG_LEVELS``)."""
+
+    critical = "critical"
+    error = "error"
+    warning = "warning"
+    info = "info"
+    debug = "debug"
+    trace = "trace"
+
+
+def check_bind(host: str, port: int) -> None:
+    """ValueError unless ``host`` resolves and every address it resolves to can be bound on
+    ``port`` now, as uvicorn will (asyncio's create_server: SO_REUSEADDR, IPv6 sockets
+    IPv6-only). Cheap, and it runs before the model loads; the port is released again."""
+    try:
+        addresses = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )
+    except (socket.gaierror, UnicodeError) as error:
+        raise ValueError(f"--host {host!r} does not resolve: {error}") from None
+    for family, kind, proto, _, address in addresses:
+        try:
+            with socket.socket(family, kind, proto) as probe:
+                probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                if family == socket.AF_INET6:
+                    probe.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+                probe.bind(address)
+        except OSError as error:
+            where = host if address[0] == host else f"{host} ({address[0]})"
+            reason = error.strerror or str(error)
+            raise ValueError(f"cannot listen on {where} port {port}: {reason}") from None
+
+
+def check_kv_cache_dtype(kv_cache_dtype: str) -> None:
+    """ValueError unless the engine knows ``kv_cache_dtype`` (checked before the model
+    loads; the engine itself only sees it once the weights are in memory)."""
+    from prefixcache.kernels import KV_CACHE_DTYPES
+
+    if kv_cache_dtype not in KV_CACHE_DTYPES:
+        raise ValueError(
+            f"unknown --kv-cache-dtype {kv_cache_dtype!r}; choose from {list(KV_CACHE_DTYPES)}"
+        )
 
 
 def serve(
@@ -34,26 +83,36 @@ def serve(
     device: Annotated[str | None, typer.Option(help="cpu (default), cuda or cuda:N.")] = None,
     max_pending: Annotated[int, typer.Option(
         help="Requests in flight before new ones get 429.", min=1)] = 256,
-    log_level: Annotated[str, typer.Option(help="uvicorn log level.")] = "info",
+    log_level: Annotated[LogLevel, typer.Option(
+        help="uvicorn log level.", case_sensitive=False)] = LogLevel.info,
 ) -> None:
     """Serve /v1/completions, /v1/chat/completions, cache control and /metrics."""
     import uvicorn
 
     from prefixcache.engine.async_llm import AsyncLLM
+    from prefixcache.engine.devices import resolve_device
     from prefixcache.integrations.server import build_app
 
+    try:  # what can be checked without the model, before minutes of loading
+        check_kv_cache_dtype(kv_cache_dtype)
+        resolve_device(device)
+        check_bind(host, port)
+    except (TypeError, ValueError) as error:
+        raise typer.BadParameter(str(error)) from None
     try:
         engine = AsyncLLM(
             model=model, block_size=block_size, num_blocks=num_blocks,
             kv_cache_memory=kv_cache_memory, max_model_len=max_model_len, dtype=dtype,
             max_num_seqs=max_num_seqs, kv_cache_dtype=kv_cache_dtype, device=device,
         )
-    except (OSError, TypeError, ValueError) as error:
-        raise typer.BadParameter(str(error)) from None
+    except Exception as error:  # a malformed file may trip the loader in any way
+        from prefixcache.engine.model_registry import describe_load_error
+
+        raise typer.BadParameter(describe_load_error(model, error)) from None
     try:
         app = build_app(engine, model_name=served_model_name or model, api_key=api_key,
                         max_pending=max_pending)
-        uvicorn.run(app, host=host, port=port, log_level=log_level, lifespan="off")
+        uvicorn.run(app, host=host, port=port, log_level=log_level.value, lifespan="off")
     finally:
         engine.shutdown()
 

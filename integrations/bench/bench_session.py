@@ -1,10 +1,17 @@
-"""One `prefixcache bench` run end to end: build the request list, run every target, print
-the table, write JSON + CSV + PNGs. Ctrl-C stops sending and reports what finished."""
+"""One `prefixcache bench` run end to end: check the options, build the request list, run
+every target, print the table, write JSON + CSV + PNGs (and the request list). Ctrl-C stops
+sending and reports what finished.
+
+Bad input raises ValueError before any file is written: output paths that cannot be written,
+an embedded model whose configuration does not load, a vocabulary larger than the model's, a
+bad URL or timeout, and a first target that does not start (its model or engine options).
+"""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import datetime
 import signal
 from dataclasses import dataclass, field
@@ -17,10 +24,11 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from prefixcache.integrations.bench.bench_request import BenchRequest, write_request_list
 from prefixcache.integrations.bench.load_generator import LoadConfig
 from prefixcache.integrations.bench.metrics import Slo
+from prefixcache.integrations.bench.output_paths import check_output_dir, check_output_file
 from prefixcache.integrations.bench.report_files import bench_record, write_csv, write_json
 from prefixcache.integrations.bench.report_table import results_table
 from prefixcache.integrations.bench.runner import Target, TargetRun, run_targets
-from prefixcache.integrations.bench.target_embedded import EmbeddedTarget
+from prefixcache.integrations.bench.target_embedded import EmbeddedTarget, model_vocab_size
 from prefixcache.integrations.bench.target_url import UrlTarget
 from prefixcache.integrations.bench.token_source import DEFAULT_VOCAB_SIZE, TokenRange
 from prefixcache.integrations.bench.workload_registry import DEFAULT_WORKLOAD, build_requests
@@ -32,12 +40,14 @@ DISTRIBUTION_PNG, SCATTER_PNG = "ttft_distribution.png", "ttft_vs_prompt_len.png
 @dataclass
 class BenchOptions:
     """Everything the command line decides. ``cache_modes``: one embedded target per entry
-    (True = prefix caching on), in column order; ``urls``: one remote target each."""
+    (True = prefix caching on), in column order; ``urls``: one remote target each.
+    ``vocab_size``: synthetic token ids are drawn below it; None = ``DEFAULT_VOCAB_SIZE``,
+    capped at the embedded model's vocabulary when there are embedded targets."""
 
     workload: str = DEFAULT_WORKLOAD
     trace_file: Path | None = None
     seed: int = 0
-    vocab_size: int = DEFAULT_VOCAB_SIZE
+    vocab_size: int | None = None
     sizes: dict[str, Any] = field(default_factory=dict)
     model: str = "smollm2"
     cache_modes: tuple[bool, ...] = (False, True)
@@ -64,9 +74,37 @@ class BenchOutcome:
     written: list[Path]
 
 
-def make_requests(options: BenchOptions) -> list[BenchRequest]:
-    """The request list (ValueError / TraceError for bad input)."""
-    tokens = TokenRange.for_vocab(options.vocab_size)
+def resolve_vocab_size(options: BenchOptions) -> int:
+    """The vocabulary synthetic prompts draw from. With embedded targets it must fit the
+    model's (read from its configuration, without loading weights): the default is capped at
+    it and a larger explicit ``vocab_size`` is a ValueError; otherwise ``DEFAULT_VOCAB_SIZE``
+    unless given."""
+    if not options.cache_modes:
+        return DEFAULT_VOCAB_SIZE if options.vocab_size is None else options.vocab_size
+    model_vocab = model_vocab_size(options.model)
+    if options.vocab_size is None:
+        return min(DEFAULT_VOCAB_SIZE, model_vocab)
+    if options.vocab_size > model_vocab:
+        raise ValueError(
+            f"vocab_size {options.vocab_size} is larger than the vocabulary of model "
+            f"{options.model!r} ({model_vocab} tokens): prompts would hold out-of-vocabulary ids"
+        )
+    return options.vocab_size
+
+
+def check_outputs(options: BenchOptions) -> None:
+    """ValueError unless every file the run will write can be written."""
+    if options.output_dir is not None:
+        names = [JSON_NAME, CSV_NAME] + ([DISTRIBUTION_PNG, SCATTER_PNG] if options.plots else [])
+        check_output_dir(options.output_dir, names)
+    if options.save_requests is not None:
+        check_output_file(options.save_requests, "request list file")
+
+
+def make_requests(options: BenchOptions, vocab_size: int) -> list[BenchRequest]:
+    """The request list, synthetic ids drawn below ``vocab_size`` (see
+    ``resolve_vocab_size``); ValueError / TraceError for bad input."""
+    tokens = TokenRange.for_vocab(vocab_size)
     return build_requests(options.workload, options.seed, tokens, options.sizes, options.trace_file)
 
 
@@ -88,12 +126,14 @@ def make_targets(options: BenchOptions) -> list[Target]:
 
 
 def run_bench(options: BenchOptions, console: Console | None = None) -> BenchOutcome:
-    """Blocking entry point; SIGINT (Ctrl-C) sets the stop event instead of raising."""
+    """Blocking entry point; SIGINT (Ctrl-C) sets the stop event instead of raising. Bad
+    input (see the module docstring) raises ValueError before any file is written."""
     console = console or Console()
-    requests = make_requests(options)
+    check_outputs(options)
+    vocab_size = resolve_vocab_size(options)
+    options = dataclasses.replace(options, vocab_size=vocab_size)  # the record shows the used one
+    requests = make_requests(options, vocab_size)
     targets = make_targets(options)
-    if options.save_requests is not None:
-        write_request_list(requests, options.save_requests)
     return asyncio.run(_run(options, requests, targets, console))
 
 
@@ -128,19 +168,26 @@ async def _run(
         f"{options.load.describe()}" + (" - INTERRUPTED, partial results" if interrupted else "")
     )
     console.print(results_table(runs, title))
-    written = _write_outputs(options, runs, record)
+    written = _write_outputs(options, requests, runs, record)
     for path in written:
         console.print(f"wrote {path}")
     return BenchOutcome(requests, runs, record, interrupted, written)
 
 
 def _write_outputs(
-    options: BenchOptions, runs: list[TargetRun], record: dict[str, Any]
+    options: BenchOptions,
+    requests: list[BenchRequest],
+    runs: list[TargetRun],
+    record: dict[str, Any],
 ) -> list[Path]:
+    """The request list (if asked for), JSON, CSV and plots (if asked for); their paths."""
+    written = []
+    if options.save_requests is not None:
+        written.append(write_request_list(requests, options.save_requests))
     if options.output_dir is None:
-        return []
+        return written
     folder = options.output_dir
-    written = [write_json(record, folder / JSON_NAME), write_csv(runs, folder / CSV_NAME)]
+    written += [write_json(record, folder / JSON_NAME), write_csv(runs, folder / CSV_NAME)]
     if options.plots and runs:
         from prefixcache.integrations.bench.report_plots import (
             plot_ttft_distribution,

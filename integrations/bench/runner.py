@@ -16,6 +16,11 @@ from prefixcache.integrations.bench.metrics import Slo, summarize
 from prefixcache.integrations.bench.request_result import RequestResult
 
 
+class TargetSetupError(ValueError):
+    """A target could not start because of what it was given (a model that does not load, a
+    bad engine option). The message names the cause, including the original exception type."""
+
+
 class Target(Protocol):
     """What the runner needs of a target (see EmbeddedTarget, UrlTarget)."""
 
@@ -68,9 +73,11 @@ async def run_target(
     slo: Slo | None = None,
     progress: Progress | None = None,
     warmup: bool = True,
+    raise_setup_error: bool = False,
 ) -> TargetRun:
     """Start the target, replay ``requests`` per ``load``, close it. Setup failures (a model
-    that does not load) become a failed result per request, not an exception."""
+    that does not load) become a failed result per request, not an exception, except a
+    ``TargetSetupError`` when ``raise_setup_error``: that propagates (after ``close``)."""
     task_id = progress.add_task(target.label, total=len(requests)) if progress else None
 
     def on_result(result: RequestResult) -> None:
@@ -88,6 +95,8 @@ async def run_target(
         try:
             await target.start(warmup=warmup)
         except (OSError, ValueError, RuntimeError) as error:
+            if raise_setup_error and isinstance(error, TargetSetupError):
+                raise
             target.setup_error = f"{type(error).__name__}: {error}"
             results = [_failed(request, target.setup_error) for request in requests]
         else:
@@ -128,12 +137,21 @@ async def run_targets(
     progress: Progress | None = None,
     warmup: bool = True,
 ) -> list[TargetRun]:
-    """Targets one after another (never side by side: they would share the CPU)."""
+    """Targets one after another (never side by side: they would share the CPU).
+
+    A ``TargetSetupError`` of the first target propagates: nothing has been measured yet, and
+    a model or option that does not load is bad input, not a result. A later target's setup
+    failure (the same model already loaded once, so more likely memory) is recorded in its run.
+    """
     runs = []
-    for target in targets:
+    for index, target in enumerate(targets):
         if stop.is_set():
             break
-        runs.append(await run_target(target, requests, load, stop, slo, progress, warmup))
+        runs.append(
+            await run_target(
+                target, requests, load, stop, slo, progress, warmup, raise_setup_error=index == 0
+            )
+        )
     return runs
 
 

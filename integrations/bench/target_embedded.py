@@ -8,6 +8,25 @@ from typing import Any
 
 from prefixcache.integrations.bench.bench_request import BenchRequest
 from prefixcache.integrations.bench.request_result import RequestResult
+from prefixcache.integrations.bench.runner import TargetSetupError
+
+WARMUP_FIRST_TOKEN = 100  # the warm-up prompt's ids start here (past most special tokens)
+
+
+def model_vocab_size(model: str) -> int:
+    """The vocabulary size in ``model``'s configuration, read without loading its weights
+    (config.json of a folder, the metadata of a .gguf). Raises ``TargetSetupError`` (a
+    ValueError) with ``describe_load_error``'s message for any failure."""
+    from prefixcache.engine.model_registry import describe_load_error, resolve_model
+    from prefixcache.engine.weights import GGUFFile, read_hf_config
+
+    try:
+        resolved = resolve_model(model)
+        if resolved.kind == "gguf":
+            return int(GGUFFile(resolved.path).config.vocab_size)
+        return int(read_hf_config(resolved.path).vocab_size)
+    except Exception as error:
+        raise TargetSetupError(describe_load_error(model, error)) from error
 
 
 class EmbeddedTarget:
@@ -33,17 +52,29 @@ class EmbeddedTarget:
 
     async def start(self, warmup: bool = True) -> None:
         """Load the model (in a thread), optionally run a 2-token warm-up, then clear the cache
-        so that the measured run starts cold."""
+        so that the measured run starts cold. Any exception from loading, and a ValueError,
+        TypeError or RuntimeError from the warm-up, is raised as ``TargetSetupError`` naming
+        the original exception."""
         from prefixcache.engine.async_llm import AsyncLLM
 
         # the model loads on the engine's own thread (one OpenMP pool, see AsyncLLM); this
         # thread only waits for it
-        self.engine = await asyncio.to_thread(
-            AsyncLLM, model=self.model, enable_prefix_caching=self.cache_on, **self.llm_kwargs
-        )
+        try:
+            self.engine = await asyncio.to_thread(
+                AsyncLLM, model=self.model, enable_prefix_caching=self.cache_on, **self.llm_kwargs
+            )
+        except Exception as error:
+            from prefixcache.engine.model_registry import describe_load_error
+
+            raise TargetSetupError(describe_load_error(self.model, error)) from error
         if warmup:
-            block_size = self.engine.llm.cache.block_size
-            await self._generate_quietly(list(range(100, 100 + 2 * block_size)), 2)
+            try:
+                await self._generate_quietly(self._warmup_prompt(), 2)
+            except (ValueError, TypeError, RuntimeError) as error:
+                raise TargetSetupError(
+                    f"the warm-up request on model {self.model!r} failed (--no-warmup skips "
+                    f"it): {type(error).__name__}: {error}"
+                ) from error
             await self.engine.reset_cache()
         self.peak_kv_usage = 0.0
 
@@ -81,6 +112,12 @@ class EmbeddedTarget:
                 self.final_stats = {"engine_error": str(error)}
             self.engine.shutdown()
             self.engine = None
+
+    def _warmup_prompt(self) -> list[int]:
+        """Two blocks of token ids, kept inside the model's vocabulary however small."""
+        block_size = self.engine.llm.cache.block_size
+        vocab_size = self.engine.llm.config.vocab_size
+        return [(WARMUP_FIRST_TOKEN + i) % vocab_size for i in range(2 * block_size)]
 
     async def _generate_quietly(self, token_ids: list[int], max_tokens: int) -> None:
         from prefixcache.engine.sampling_params import SamplingParams

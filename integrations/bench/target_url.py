@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import math
 import time
 from typing import Any
 
@@ -23,8 +24,29 @@ from prefixcache.integrations.bench.request_result import RequestResult
 METRICS_SAMPLE_SECONDS = 0.5
 
 
+def check_base_url(base_url: str) -> None:
+    """ValueError unless ``base_url`` is an http(s) URL with a host."""
+    try:
+        parsed = httpx.URL(base_url)
+    except (httpx.InvalidURL, TypeError) as error:
+        raise ValueError(f"bad URL {base_url!r}: {error}") from error
+    if parsed.scheme not in ("http", "https") or not parsed.host:
+        raise ValueError(
+            f"bad URL {base_url!r}: give an http(s) base URL such as http://127.0.0.1:8000"
+        )
+
+
+def check_timeout(timeout_s: float) -> None:
+    """ValueError unless ``timeout_s`` is a finite number of seconds > 0."""
+    if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not (
+        math.isfinite(timeout_s) and timeout_s > 0
+    ):
+        raise ValueError(f"timeout must be a positive number of seconds, got {timeout_s!r}")
+
+
 class UrlTarget:
-    """``base_url`` like ``http://127.0.0.1:8000`` (a trailing ``/v1`` is accepted)."""
+    """``base_url`` like ``http://127.0.0.1:8000`` (a trailing ``/v1`` is accepted); the
+    constructor raises ValueError for a malformed URL or a ``timeout_s`` that is not > 0."""
 
     kind = "url"
 
@@ -36,6 +58,8 @@ class UrlTarget:
         timeout_s: float = 300.0,
         api_key: str | None = None,
     ) -> None:
+        check_base_url(base_url)
+        check_timeout(timeout_s)
         self.base_url = base_url.rstrip("/").removesuffix("/v1")
         self.label = label or self.base_url
         self.model = model

@@ -7,6 +7,7 @@ import json
 import os
 import signal
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from conftest import TINY_VOCAB
@@ -15,6 +16,7 @@ from rich.console import Console
 from prefixcache.integrations.bench.bench_session import BenchOptions, run_bench
 from prefixcache.integrations.bench.load_generator import LoadConfig
 from prefixcache.integrations.bench.metrics import Slo
+from prefixcache.integrations.bench.runner import TargetSetupError
 from prefixcache.integrations.bench.target_embedded import EmbeddedTarget
 
 SHARED = {
@@ -142,21 +144,84 @@ def test_ctrl_c_reports_what_finished(
     assert json.loads((tmp_path / "out" / "bench.json").read_text())["interrupted"]
 
 
-def test_a_model_that_does_not_load_is_reported(tmp_path: Path) -> None:
+def test_a_model_that_does_not_load_raises_before_anything_is_written(tmp_path: Path) -> None:
+    saved = tmp_path / "requests.jsonl"
+    with pytest.raises(ValueError, match="does not exist"):
+        run_bench(
+            options(tmp_path / "no-such-model", tmp_path, save_requests=saved), quiet()
+        )
+    assert not saved.exists() and not (tmp_path / "out").exists()
+
+
+def test_a_bad_engine_option_raises_from_the_first_target(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """The configuration reads fine; the engine refuses the option when the target starts."""
+    with pytest.raises(TargetSetupError, match="num_blocks"):
+        run_bench(
+            options(tiny_model_dir, tmp_path, llm_kwargs={"dtype": "float32", "num_blocks": 0}),
+            quiet(),
+        )
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_later_target_that_does_not_start_is_reported(
+    tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    original = EmbeddedTarget.start
+
+    async def start_or_fail(self, warmup: bool = True) -> None:
+        if self.cache_on:
+            raise TargetSetupError("out of memory, say")
+        await original(self, warmup)
+
+    monkeypatch.setattr(EmbeddedTarget, "start", start_or_fail)
+    outcome = run_bench(options(tiny_model_dir, tmp_path, output_dir=None), quiet())
+    off, on = outcome.runs
+    assert off.summary["completed"] == 6
+    assert on.setup_error == "TargetSetupError: out of memory, say"
+    assert on.summary["failed"] == 6 and on.summary["completed"] == 0
+
+
+def test_the_default_vocabulary_fits_the_model(tiny_model_dir: Path, tmp_path: Path) -> None:
     outcome = run_bench(
-        options(tmp_path / "no-such-model", tmp_path, cache_modes=(True,), output_dir=None),
+        options(tiny_model_dir, tmp_path, cache_modes=(True,), output_dir=None, vocab_size=None),
         quiet(),
     )
-    run = outcome.runs[0]
-    assert run.setup_error is not None
-    assert run.summary["failed"] == 6 and run.summary["completed"] == 0
+    assert outcome.record["vocab_size"] == TINY_VOCAB
+    assert outcome.runs[0].summary["completed"] == 6
+    assert max(t for r in outcome.requests for t in r.prompt_token_ids) < TINY_VOCAB
+
+
+def test_a_vocabulary_larger_than_the_model_is_refused(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    with pytest.raises(ValueError, match=f"larger than the vocabulary .* \\({TINY_VOCAB} tokens"):
+        run_bench(options(tiny_model_dir, tmp_path, vocab_size=4000), quiet())
 
 
 def test_out_of_vocabulary_prompts_fail_per_request(tiny_model_dir: Path, tmp_path: Path) -> None:
+    trace = tmp_path / "trace.jsonl"
+    trace.write_text('{"prompt_token_ids": [5, 4000], "max_tokens": 2}\n' * 2)
     outcome = run_bench(
-        options(tiny_model_dir, tmp_path, cache_modes=(True,), output_dir=None, vocab_size=4000),
+        options(
+            tiny_model_dir, tmp_path, workload="trace", trace_file=trace, cache_modes=(True,),
+            output_dir=None,
+        ),
         quiet(),
     )
     summary = outcome.runs[0].summary
-    assert summary["failed"] == 6 and list(summary["errors_by_kind"]) == ["ValueError"]
+    assert summary["failed"] == 2 and list(summary["errors_by_kind"]) == ["ValueError"]
     assert outcome.runs[0].engine_stats["in_use"] == 0
+
+
+
+def test_the_warmup_prompt_stays_inside_a_small_vocabulary() -> None:
+    target = EmbeddedTarget("unused", cache_on=True)
+    target.engine = SimpleNamespace(
+        llm=SimpleNamespace(cache=SimpleNamespace(block_size=16), config=SimpleNamespace(
+            vocab_size=110))
+    )
+    prompt = target._warmup_prompt()
+    assert len(prompt) == 32 and max(prompt) < 110
+    assert prompt[:3] == [100, 101, 102]

@@ -11,9 +11,11 @@ from pathlib import Path
 
 import httpx
 import openai
+import pytest
 from typer.testing import CliRunner
 
 from prefixcache.integrations.cli import build_app
+from prefixcache.integrations.cli_serve import LogLevel
 
 CLI = [sys.executable, "-m", "prefixcache.integrations.cli"]
 
@@ -79,3 +81,74 @@ def test_serve_rejects_an_unknown_device(tiny_chat_dir: Path) -> None:
     )
     assert result.exit_code == 2, result.output
     assert "unknown device 'tpu'" in result.output
+
+
+def _model_must_not_load(monkeypatch) -> None:
+    """Any attempt to build the engine fails the test: the check must come before it."""
+
+    def refuse(**kwargs) -> None:
+        raise AssertionError("the model loaded although an option was bad")
+
+    monkeypatch.setattr("prefixcache.engine.async_llm.AsyncLLM", refuse)
+
+
+def _one_line(output: str) -> str:
+    assert "Traceback" not in output
+    return " ".join(output.replace("│", " ").split())
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--log-level", "nope"], "'nope' is not one of"),
+        (["--host", "999.1.1.1"], "--host '999.1.1.1' does not resolve"),
+        (["--kv-cache-dtype", "fp4"], "unknown --kv-cache-dtype 'fp4'"),
+    ],
+)
+def test_serve_checks_options_before_loading_the_model(
+    args: list[str], message: str, tiny_chat_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _model_must_not_load(monkeypatch)
+    result = CliRunner().invoke(
+        build_app(), ["serve", "--model", str(tiny_chat_dir), "--port", str(free_port()), *args]
+    )
+    assert result.exit_code == 2, result.output
+    assert message in _one_line(result.output)
+
+
+def test_serve_refuses_a_busy_port_before_loading_the_model(
+    tiny_chat_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _model_must_not_load(monkeypatch)
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        result = CliRunner().invoke(
+            build_app(), ["serve", "--model", str(tiny_chat_dir), "--port", str(port)]
+        )
+    assert result.exit_code == 2, result.output
+    assert f"cannot listen on 127.0.0.1 port {port}" in _one_line(result.output)
+
+
+def test_serve_log_levels_are_uvicorns() -> None:
+    from uvicorn.config import LOG_LEVELS
+
+    assert [level.value for level in LogLevel] == list(LOG_LEVELS)
+
+
+@pytest.mark.parametrize("error", [KeyError("rope_theta"), AttributeError("no attribute x"),
+                                   NotImplementedError("quant type 23")])
+def test_serve_reports_any_model_loading_error_as_one_message(
+    error: Exception, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def broken_loader(**kwargs) -> None:
+        raise error
+
+    monkeypatch.setattr("prefixcache.engine.async_llm.AsyncLLM", broken_loader)
+    result = CliRunner().invoke(
+        build_app(), ["serve", "--model", str(tmp_path), "--port", str(free_port())]
+    )
+    assert result.exit_code == 2, result.output
+    assert isinstance(result.exception, SystemExit)
+    assert f"did not load: {type(error).__name__}: " in _one_line(result.output)
