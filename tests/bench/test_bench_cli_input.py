@@ -59,25 +59,12 @@ def assert_untouched(out: Path, saved: Path) -> None:
         assert path.read_text() == SENTINEL, f"{path} was overwritten"
 
 
-# ------------------------------------------------------------------ engine options (item 1)
+# ------------------------------------------------------------------ engine options
 def test_engine_options_pass_through_unless_unset() -> None:
     assert _llm_kwargs(num_blocks=0, dtype=None, device="") == {"num_blocks": 0, "device": ""}
 
 
-def test_num_blocks_0_is_refused_not_the_default_pool(
-    tiny_model_dir: Path, earlier_results: tuple[Path, Path]
-) -> None:
-    out, saved = earlier_results
-    result = invoke(
-        "--model", str(tiny_model_dir), "--num-blocks", "0", *SMALL,
-        "--output-dir", str(out), "--save-requests", str(saved),
-    )
-    assert result.exit_code == 2, result.output
-    assert "num_blocks" in one_message(result)
-    assert_untouched(out, saved)
-
-
-# ------------------------------------------------------------------ output paths (item 3)
+# ------------------------------------------------------------------ output paths
 def test_an_output_dir_under_a_file_is_refused_before_running(
     tmp_path: Path, never_started: None
 ) -> None:
@@ -118,30 +105,27 @@ def test_creatable_and_existing_outputs_pass(tmp_path: Path) -> None:
     assert sorted(p.name for p in tmp_path.iterdir()) == ["old.jsonl"]  # checks create nothing
 
 
-# ------------------------------------------------------------------ model and options (item 4)
-def test_a_missing_model_is_one_message_and_overwrites_nothing(
-    tmp_path: Path, earlier_results: tuple[Path, Path]
+# ------------------------------------------------------------------ model and options
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        (("--num-blocks", "0"), "num_blocks"),  # refused, not the default pool
+        (("--dtype", "int8"), "unknown dtype 'int8'"),
+        (("--model", "MISSING"), "does not exist"),
+    ],
+)
+def test_a_bad_model_or_engine_option_is_one_message_and_overwrites_nothing(
+    tiny_model_dir: Path, tmp_path: Path, earlier_results: tuple[Path, Path],
+    options: tuple[str, str], message: str,
 ) -> None:
     out, saved = earlier_results
+    model = ("--model", str(tiny_model_dir))
+    given = tuple(str(tmp_path / "nothing") if o == "MISSING" else o for o in options)
     result = invoke(
-        "--model", str(tmp_path / "nothing"), *SMALL,
-        "--output-dir", str(out), "--save-requests", str(saved),
+        *model, *given, *SMALL, "--output-dir", str(out), "--save-requests", str(saved),
     )
     assert result.exit_code == 2, result.output
-    assert "does not exist" in one_message(result)
-    assert_untouched(out, saved)
-
-
-def test_a_bad_dtype_is_one_message_and_overwrites_nothing(
-    tiny_model_dir: Path, earlier_results: tuple[Path, Path]
-) -> None:
-    out, saved = earlier_results
-    result = invoke(
-        "--model", str(tiny_model_dir), "--dtype", "int8", *SMALL,
-        "--output-dir", str(out), "--save-requests", str(saved),
-    )
-    assert result.exit_code == 2, result.output
-    assert "unknown dtype 'int8'" in one_message(result)
+    assert message in one_message(result)
     assert_untouched(out, saved)
 
 
@@ -185,7 +169,7 @@ def test_a_vocab_size_beyond_the_model_is_refused(
     assert f"({TINY_VOCAB} tokens)" in one_message(result)
 
 
-# ------------------------------------------------------------------ loader crashes (item 5)
+# ------------------------------------------------------------------ loader crashes
 @pytest.mark.parametrize("error", [KeyError("rope_theta"), AttributeError("x"),
                                    NotImplementedError("q4_x")])
 def test_any_model_loading_error_is_one_message_with_its_type(

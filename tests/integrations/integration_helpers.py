@@ -106,3 +106,13 @@ def counter_value(metrics_text: str, line_prefix: str) -> float:
         if line.startswith(line_prefix):
             return float(line.rsplit(" ", 1)[1])
     return 0.0
+
+
+def discriminating_stop(text: str) -> str:
+    """A two-character stop string of ``text`` one of whose characters occurs earlier: cut at
+    the string, ``text`` keeps more than cut at any single character of it."""
+    for k in range(1, len(text) - 1):
+        stop = text[k:k + 2]
+        if "\ufffd" not in stop and text.index(stop) == k and any(c in text[:k] for c in stop):
+            return stop
+    raise AssertionError(f"no discriminating stop string in {text!r}")

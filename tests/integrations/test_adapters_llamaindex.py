@@ -6,7 +6,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from integration_helpers import SERVED_NAME, assert_no_leak, assert_server_clean, make_llm
+from integration_helpers import (
+    SERVED_NAME,
+    assert_no_leak,
+    assert_server_clean,
+    discriminating_stop,
+    make_llm,
+)
 
 pytest.importorskip("llama_index.core")
 from llama_index.core.llms import ChatMessage
@@ -52,16 +58,6 @@ def test_call_keywords_are_honoured_or_refused(server) -> None:
     with pytest.raises(TypeError, match="frequency_penalty"):
         llm.chat([ChatMessage(role="user", content="hi")], frequency_penalty=1.0)
     assert_server_clean(server.base_url)
-
-
-def discriminating_stop(text: str) -> str:
-    """A two-character stop string of ``text`` one of whose characters occurs earlier: cut at
-    the string, ``text`` keeps more than cut at any single character of it."""
-    for k in range(1, len(text) - 1):
-        stop = text[k:k + 2]
-        if "\ufffd" not in stop and text.index(stop) == k and any(c in text[:k] for c in stop):
-            return stop
-    raise AssertionError(f"no discriminating stop string in {text!r}")
 
 
 def test_a_string_stop_is_one_stop_string(tiny_chat_dir: Path) -> None:

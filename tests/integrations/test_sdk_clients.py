@@ -15,6 +15,7 @@ from integration_helpers import (
     EngineGate,
     assert_no_leak,
     assert_server_clean,
+    discriminating_stop,
     make_llm,
     wait_until_clean,
 )
@@ -136,16 +137,6 @@ def test_errors_surface_as_api_errors(server, local_llm) -> None:
     with pytest.raises(ValueError):
         LocalClient(local_llm).complete(DOC, max_tokens=0)
     assert_no_leak(local_llm)
-
-
-def discriminating_stop(text: str) -> str:
-    """A two-character stop string of ``text`` one of whose characters occurs earlier: cut at
-    the string, ``text`` keeps more than cut at any single character of it."""
-    for k in range(1, len(text) - 1):
-        stop = text[k:k + 2]
-        if "\ufffd" not in stop and text.index(stop) == k and any(c in text[:k] for c in stop):
-            return stop
-    raise AssertionError(f"no discriminating stop string in {text!r}")
 
 
 def test_a_string_stop_is_one_stop_string(client) -> None:
