@@ -48,9 +48,13 @@ class AsyncLLM:
 
     def __init__(self, llm: LLM | None = None, **llm_kwargs: Any) -> None:
         self._commands: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
+        # Each stream runs under an engine id of its own ("<request id>.<serial>"): outputs
+        # and aborts of a request that has ended cannot reach a later one reusing its id.
         self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
+        self._engine_ids: dict[str, str] = {}  # running request id -> its engine id
         self._lock = threading.Lock()
         self._ids = itertools.count()
+        self._serials = itertools.count()
         self._dead: BaseException | None = None
         self._stopping = False
         loaded: Future[LLM] = Future()
@@ -77,22 +81,25 @@ class AsyncLLM:
         """Yield the request's state after every step that changed it; the last is finished.
 
         Validation errors raise before anything is queued. Leaving the loop early (a client
-        that disconnects, a cancelled task) aborts the request and frees its blocks.
+        that disconnects, a cancelled task) aborts the request and frees its blocks; its id may
+        be used again at once (nothing of the aborted request reaches the new one).
         """
         params = params or SamplingParams()
         token_ids = self.llm.encode(prompt)
         self.llm.check_request(token_ids, params, salt)
         request_id = request_id or f"async-{next(self._ids)}"
         stream: asyncio.Queue = asyncio.Queue()
+        engine_id = f"{request_id}.{next(self._serials)}"
         with self._lock:
             self.raise_if_dead()
-            if request_id in self._streams:
+            if request_id in self._engine_ids:
                 raise ValueError(f"request id {request_id!r} is already running")
-            self._streams[request_id] = (asyncio.get_running_loop(), stream)
+            self._engine_ids[request_id] = engine_id
+            self._streams[engine_id] = (asyncio.get_running_loop(), stream)
         self._commands.put(
             (
                 "add",
-                (request_id, token_ids, params, salt, prompt if isinstance(prompt, str) else None),
+                (engine_id, token_ids, params, salt, prompt if isinstance(prompt, str) else None),
             )
         )
         finished = False
@@ -104,18 +111,23 @@ class AsyncLLM:
                 if item.error is not None:
                     raise EngineRequestError(item.error)
                 finished = item.finished
+                item.request_id = request_id  # a fresh snapshot, this stream's alone
                 yield item
                 if finished:
                     return
         finally:
             with self._lock:
-                self._streams.pop(request_id, None)
+                self._streams.pop(engine_id, None)
+                self._engine_ids.pop(request_id, None)
             if not finished:
-                self._commands.put(("abort", request_id))
+                self._commands.put(("abort", engine_id))
 
     async def abort(self, request_id: str) -> None:
         """Stop a request and free its blocks (no-op if it already finished)."""
-        self._commands.put(("abort", request_id))
+        with self._lock:
+            engine_id = self._engine_ids.get(request_id)
+        if engine_id is not None:
+            self._commands.put(("abort", engine_id))
 
     def stats(self) -> dict[str, Any]:
         """A snapshot of cache and engine counters (read without stopping the worker)."""

@@ -138,13 +138,27 @@ class Scheduler:
             )
             cached, partial = match.block_ids, match.partial_block
             num_cached = match.num_tokens + match.partial_tokens
-        num_new = min(request.num_tokens - num_cached, budget)
-        need = -(-(num_cached + num_new) // self.block_size) - len(cached)
+        def first_chunk(num_cached: int) -> tuple[int, int]:  # (tokens, blocks to allocate)
+            num_new = min(request.num_tokens - num_cached, budget)
+            return num_new, -(-(num_cached + num_new) // self.block_size) - len(cached)
+
+        num_new, need = first_chunk(num_cached)
         try:
             fresh = self.cache.allocate(need)
         except CacheFull:
-            self.cache.release(cached if partial is None else [*cached, partial])
-            return None
+            if partial is None:
+                self.cache.release(cached)
+                return None
+            # the partial block's own reference may be what keeps the pool full (it is the
+            # one block eviction could free): give it up and compute its tokens instead
+            self.cache.release([partial])
+            partial, num_cached = None, len(cached) * self.block_size
+            num_new, need = first_chunk(num_cached)
+            try:
+                fresh = self.cache.allocate(need)
+            except CacheFull:
+                self.cache.release(cached)
+                return None
         if partial is not None:
             # the runner copies before the step writes anything, so the source may be freed
             # (even reallocated) by the time it runs

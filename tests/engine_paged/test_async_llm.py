@@ -87,11 +87,36 @@ def test_leaving_the_stream_aborts_and_frees(engine: AsyncLLM) -> None:
     assert stats["in_use"] == 0 and stats["running"] == 0
 
 
+def test_an_id_reused_right_after_an_abort_gets_only_its_own_outputs(
+    engine: AsyncLLM,
+) -> None:
+    """Leave a stream early and at once stream another prompt under the same id: nothing of
+    the aborted request (its final "abort" snapshot, a step's output in flight) reaches the
+    new stream, which runs to its own end; the id is free again afterwards."""
+    first, second = [4, 4, 4, 4], [7, 8, 9]
+    long = SamplingParams(max_tokens=200, ignore_eos=True)
+
+    async def run():
+        stream = engine.generate(first, long, "reused")
+        async for out in stream:
+            if len(out.token_ids) >= 3:
+                break
+        await stream.aclose()
+        again = await collect(engine, second, "reused")
+        return again, await collect(engine, second, "reused"), await engine.call(checked_stats)
+
+    again, third, stats = asyncio.run(run())
+    assert all(out.prompt_token_ids == second and out.request_id == "reused" for out in again)
+    assert again[-1].finished and again[-1].finish_reason == "length"
+    assert [o.token_ids for o in again] == [o.token_ids for o in third]
+    assert stats["in_use"] == 0 and stats["running"] == 0
+
+
 def test_abort_by_id(engine: AsyncLLM) -> None:
     async def run():
         params = SamplingParams(max_tokens=300, ignore_eos=True)
         task = asyncio.ensure_future(collect(engine, [3, 3, 3], "to-abort", params))
-        while not await engine.call(lambda llm: "to-abort" in llm.engine.groups):
+        while not await engine.call(lambda llm: llm.stats()["running"]):
             pass
         await engine.abort("to-abort")
         return await task, await engine.call(checked_stats)

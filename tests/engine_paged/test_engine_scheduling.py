@@ -94,6 +94,21 @@ def test_a_request_pins_leave_no_room_for_is_refused_up_front(tiny_llama_dir: Pa
     llm.cache.check_invariants()
 
 
+def test_a_partial_hit_that_fills_the_pool_is_given_up(tiny_llama_dir: Path) -> None:
+    """A pool of 2 blocks: the second run of a 20-token prompt matches the first run's
+    partial block, whose reference leaves no block to copy it into. The request drops the
+    partial hit and computes those tokens, answering what the first run did."""
+    llm = LLM(str(tiny_llama_dir), dtype="float32", num_blocks=2, block_size=16)
+    params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
+    prompt = list(range(1, 21))  # 20 tokens + 8 new: 2 blocks
+    first = llm.generate([prompt], params)[0]
+    second = llm.generate([prompt], params)[0]
+    assert second.error is None and second.outputs[0].token_ids == first.outputs[0].token_ids
+    assert second.num_cached_tokens == 16
+    assert llm.stats()["in_use"] == 0
+    llm.cache.check_invariants()
+
+
 def test_unschedulable_forked_request_fails_every_sample(tiny_llama_dir: Path) -> None:
     """n > 1 samples that outgrow a pool held by pins: when one cannot be resumed, the
     request fails as a whole (its other samples too) and the engine keeps serving."""
