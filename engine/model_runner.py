@@ -20,6 +20,7 @@ from prefixcache.kernels import (
     store_kv,
 )
 from prefixcache.kernels.cpu.decoder_layer import PagedStep
+from prefixcache.kernels.quantization import read_stored
 
 
 def copy_waves(ops: list[CopyOp]) -> list[list[CopyOp]]:
@@ -97,6 +98,12 @@ class PagedAttention:
         k_cache, v_cache = self.kv.k[layer_idx], self.kv.v[layer_idx]
         k_scale, v_scale = self.kv.k_scale[layer_idx], self.kv.v_scale[layer_idx]
         store_kv(k, v, k_cache, v_cache, meta.slot_mapping, k_scale, v_scale)
+        if k_scale is not None:
+            # a quantized pool: the new tokens attend to their own keys and values as stored,
+            # as every later step (and a request that finds them cached) will, so whether a
+            # key is new or cached, in this chunk or an earlier one, changes nothing
+            k = read_stored(k_cache, meta.slot_mapping, k_scale, k.dtype)
+            v = read_stored(v_cache, meta.slot_mapping, v_scale, v.dtype)
         if query_rows is not None:
             # Only the sampled rows: each is its sequence's last new token, and every key it
             # sees is in the pool now, so this is decode attention over the updated blocks.

@@ -81,6 +81,16 @@ def dequantize(
     return values.to(out_dtype)
 
 
+def read_stored(
+    pool: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim] as stored
+    slots: torch.Tensor,  # [n] int64 slot = block * block_size + offset
+    scale: torch.Tensor | None,  # as for ``dequantize``
+    out_dtype: torch.dtype,
+) -> torch.Tensor:  # [n, num_kv_heads, head_dim] of ``out_dtype``
+    """The values a pool holds at ``slots``, read back as attention reads them."""
+    return dequantize(pool.flatten(0, 1)[slots], scale, out_dtype)
+
+
 def scales_from_amax(
     amax: torch.Tensor,  # [num_kv_heads, head_dim] largest |value| seen per channel
     dtype: torch.dtype,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 from pathlib import Path
 
 import pytest
@@ -60,9 +61,32 @@ def test_quantized_engine_agrees_with_unquantized(tiny_dir: Path, kv_cache_dtype
     got = generate_each(llm, PROMPTS)
     pairs = zip(got, expected, strict=True)
     same = sum(a == b for g, e in pairs for a, b in zip(g, e, strict=True))
-    assert same >= 0.75 * 12 * len(PROMPTS)  # measured 42/48 (fp8) and 48/48 (int8)
+    # measured 30/48 (fp8) and 46/48 (int8): the random model's logits are close to ties, and
+    # a prompt's own keys are read back quantized too (as cached ones are)
+    assert same >= 0.55 * 12 * len(PROMPTS)
     assert llm.stats()["hit_tokens"] >= 3 * 32  # later prompts reused quantized blocks
     assert_idle_and_consistent(llm)
+
+
+@pytest.mark.parametrize("kv_cache_dtype", ["fp8", "int8"])
+def test_quantized_pool_cached_equals_uncached(tiny_dir: Path, kv_cache_dtype: str) -> None:
+    """New tokens attend to their keys as the pool stores them: a prompt answered uncached,
+    then again over its cached prefix, in one-token chunks, or with caching off, gives the
+    same tokens (with full-precision new keys these differed)."""
+    rng = random.Random(1)
+    base = [rng.randrange(1, 384) for _ in range(40)]
+    params = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
+    for prompt in (base[:5], base[:20], [*SYSTEM, 11, 12, 13]):
+        options = {"dtype": "float32", "kv_cache_dtype": kv_cache_dtype, "block_size": 4}
+        llm = LLM(str(tiny_dir), num_blocks=200, **options)
+        uncached, cached = (llm.generate([prompt], params)[0] for _ in range(2))
+        assert cached.num_cached_tokens > 0
+        chunked = LLM(str(tiny_dir), num_blocks=200, max_num_batched_tokens=1,
+                      enable_prefix_caching=False, **options)
+        again = chunked.generate([prompt], params)[0]
+        answers = [out.token_ids for out in (uncached, cached, again)]
+        assert answers[1:] == [answers[0]] * 2, (prompt, answers)
+        assert_idle_and_consistent(llm)
 
 
 def test_unknown_kv_cache_dtype_is_rejected(tiny_dir: Path) -> None:
