@@ -7,7 +7,7 @@ still in the tree, evictable) -> free; ``free + in_use + cached == num_blocks`` 
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
+from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -16,16 +16,20 @@ from prefixcache.block_pool import BlockPool
 from prefixcache.cache_invariants import check_cache_invariants
 from prefixcache.errors import CacheFull
 from prefixcache.events import BlockRemoved, BlockStored, CacheEvent
-from prefixcache.eviction_index import MAX_PRIORITY, MIN_PRIORITY, EvictionIndex
+from prefixcache.eviction_index import EvictionIndex
 from prefixcache.hashing import BlockHasher, chain_block_hashes, xxh3_block_hasher
 from prefixcache.radix_node import RadixNode
 from prefixcache.radix_tree import NamespaceName, PathMatch, RadixTree
 from prefixcache.tokens import (
+    ExtraKey,
     TokenIds,
     as_block_id,
     as_block_ids,
     as_token_array,
+    canonical_extra_keys,
     check_block_count,
+    check_max_tokens,
+    check_priority,
     check_salt,
 )
 
@@ -82,7 +86,10 @@ class PrefixCache:
         self.eviction = eviction
         self.pool = BlockPool(num_blocks)
         self.tree = RadixTree(
-            num_blocks, block_size, block_hasher or xxh3_block_hasher, model_fingerprint
+            num_blocks,
+            block_size,
+            xxh3_block_hasher if block_hasher is None else block_hasher,
+            model_fingerprint,
         )
         self.index = EvictionIndex()
         self.enable_events = enable_events
@@ -120,18 +127,20 @@ class PrefixCache:
         token_ids: TokenIds,
         salt: str | None = None,
         max_tokens: int | None = None,
-        extra_keys: Sequence[Hashable] = (),
+        extra_keys: Sequence[ExtraKey] = (),
         partial_block: bool = False,
     ) -> PrefixMatch:
         """Longest cached prefix of ``token_ids[:max_tokens]`` in full blocks, and with
         ``partial_block`` the cached block after them that shares the most next tokens.
 
         Takes one reference on each matched block, the partial one included (release them
-        when done), and refreshes the path's recency. Counts ``query_tokens`` (the whole
-        prompt) and ``hit_tokens`` (the partial block's shared tokens too).
+        when done), and refreshes the recency of every block used, the partial one included.
+        Counts ``query_tokens`` (the whole prompt) and ``hit_tokens`` (the partial block's
+        shared tokens too). ``max_tokens`` is None or an int >= 0 (numpy integers too);
+        ``extra_keys`` as in ``canonical_extra_keys``. Bad input raises before any change.
         """
         tokens = as_token_array(token_ids)
-        limit = _token_limit(tokens, max_tokens)
+        limit = _token_limit(tokens, check_max_tokens(max_tokens))
         path = self._walk(tokens, salt, extra_keys, limit)
         self.query_tokens += len(tokens)
         partial = None
@@ -150,9 +159,7 @@ class PrefixCache:
             return PrefixMatch(ids.tolist(), num_tokens)
         block, shared = partial
         self.pool.acquire_unique(np.array([block], dtype=np.int32))
-        holder = self.tree.nodes[int(self.tree.node_of[block])]
-        assert holder is not None
-        self._refresh(holder)  # a leaf whose last block this is stops being evictable
+        self._touch_block(block)
         self.hit_tokens += num_tokens + shared
         return PrefixMatch(ids.tolist(), num_tokens, block, shared)
 
@@ -160,7 +167,7 @@ class PrefixCache:
         self,
         token_ids: TokenIds,
         salt: str | None = None,
-        extra_keys: Sequence[Hashable] = (),
+        extra_keys: Sequence[ExtraKey] = (),
         partial_block: bool = False,
     ) -> int:
         """Cached prefix length in tokens (full blocks; with ``partial_block`` also the tokens
@@ -175,7 +182,7 @@ class PrefixCache:
         return cached
 
     def block_hashes(
-        self, token_ids: TokenIds, salt: str | None = None, extra_keys: Sequence[Hashable] = ()
+        self, token_ids: TokenIds, salt: str | None = None, extra_keys: Sequence[ExtraKey] = ()
     ) -> list[int]:
         """The chained hashes of the full blocks of ``token_ids`` (what events and routers use)."""
         tokens = as_token_array(token_ids)
@@ -217,22 +224,18 @@ class PrefixCache:
         block_ids: Sequence[int] | np.ndarray,
         salt: str | None = None,
         priority: int = 0,
-        extra_keys: Sequence[Hashable] = (),
+        extra_keys: Sequence[ExtraKey] = (),
     ) -> int:
         """Cache the full blocks of ``token_ids``; ``block_ids[i]`` holds block ``i``.
 
         A prefix already cached keeps its block (the caller's copy is not cached and keeps its
         references). Blocks newly cached must be held (ref > 0) and not cached elsewhere.
+        ``priority`` is an int in [MIN_PRIORITY, MAX_PRIORITY] (lower is evicted first).
         Returns the number of newly cached blocks.
         """
         tokens = as_token_array(token_ids)
         ids = as_block_ids(block_ids, self.num_blocks)
-        if isinstance(priority, bool) or not isinstance(priority, int):
-            raise TypeError(f"priority must be an int, got {type(priority).__name__}")
-        if not MIN_PRIORITY <= priority <= MAX_PRIORITY:
-            raise ValueError(
-                f"priority must be in [{MIN_PRIORITY}, {MAX_PRIORITY}], got {priority}"
-            )
+        check_priority(priority)
         num_full = len(tokens) // self.block_size
         if len(ids) < num_full:
             raise ValueError(f"{num_full} full blocks of tokens but only {len(ids)} block ids")
@@ -261,7 +264,7 @@ class PrefixCache:
         block_id: int,
         salt: str | None = None,
         priority: int = 0,
-        extra_keys: Sequence[Hashable] = (),
+        extra_keys: Sequence[ExtraKey] = (),
     ) -> bool:
         """Cache the last ``len(token_ids) % block_size`` tokens of ``token_ids``, held in
         ``block_id``, after their full blocks (the end of a finished request), so that
@@ -271,10 +274,12 @@ class PrefixCache:
         (a write copies it first, see ``copy_on_write``). Nothing is cached (returns False)
         when the full blocks are not all cached, there is no partial block, or a cached block
         after them (``block_id`` itself included) already holds those tokens. A partial block
-        makes no ``BlockStored`` event.
+        makes no ``BlockStored`` event. ``priority`` is checked as ``insert`` checks it, even
+        when nothing would be cached.
         """
         tokens = as_token_array(token_ids)
         block = as_block_id(block_id, self.num_blocks)
+        check_priority(priority)
         full = len(tokens) // self.block_size
         if len(tokens) == full * self.block_size:
             return False
@@ -287,8 +292,9 @@ class PrefixCache:
         if covering is not None and covering[1] == len(tokens) - full * self.block_size:
             return False
         self._check_insertable(np.array([block], dtype=np.int32))
+        key = self.tree.partial_hash(path, tokens)  # a custom hasher may fail: before changes
         self._touch(path, priority)
-        changed = self.tree.insert_partial(name, path, tokens, block, priority, self._clock)
+        changed = self.tree.insert_partial(name, path, tokens, block, key, priority, self._clock)
         if changed is None:
             return False
         for node in changed:
@@ -353,7 +359,7 @@ class PrefixCache:
 
     # ------------------------------------------------------------------ pinning and reset
     def pin(
-        self, token_ids: TokenIds, salt: str | None = None, extra_keys: Sequence[Hashable] = ()
+        self, token_ids: TokenIds, salt: str | None = None, extra_keys: Sequence[ExtraKey] = ()
     ) -> int:
         """Keep the cached prefix of ``token_ids`` from eviction until ``unpin``: its full
         blocks, and the cached partial block holding the tokens after them if there is one.
@@ -378,7 +384,7 @@ class PrefixCache:
         return path.num_blocks * self.block_size + shared
 
     def unpin(
-        self, token_ids: TokenIds, salt: str | None = None, extra_keys: Sequence[Hashable] = ()
+        self, token_ids: TokenIds, salt: str | None = None, extra_keys: Sequence[ExtraKey] = ()
     ) -> None:
         """Release the deepest pin on the cached path of ``token_ids`` (ValueError if none)."""
         tokens = as_token_array(token_ids)
@@ -436,15 +442,16 @@ class PrefixCache:
         check_cache_invariants(self)
 
     # ------------------------------------------------------------------ internals
-    def _namespace(self, salt: str | None, extra_keys: Sequence[Hashable]) -> NamespaceName:
+    def _namespace(self, salt: str | None, extra_keys: Sequence[ExtraKey]) -> NamespaceName:
+        """The checked namespace name: (salt, extra keys in canonical form)."""
         check_salt(salt)
-        return (salt, tuple(extra_keys))
+        return (salt, canonical_extra_keys(extra_keys))
 
     def _walk(
         self,
         tokens: np.ndarray,
         salt: str | None,
-        extra_keys: Sequence[Hashable],
+        extra_keys: Sequence[ExtraKey],
         limit: int,
     ) -> PathMatch:
         """The cached full blocks along ``tokens[:limit]``."""
@@ -455,7 +462,7 @@ class PrefixCache:
         tokens: np.ndarray,
         path: PathMatch,
         salt: str | None,
-        extra_keys: Sequence[Hashable],
+        extra_keys: Sequence[ExtraKey],
     ) -> tuple[RadixNode, int] | None:
         """The cached partial block's leaf that holds the tokens after ``path`` (every one of
         them), with how many those are; None if there is none."""
@@ -486,6 +493,18 @@ class PrefixCache:
             if priority is not None:
                 node.priority = max(node.priority, priority)
             self._refresh(node)
+
+    def _touch_block(self, block: int) -> None:
+        """Refresh the recency of the one cached ``block`` a partial hit used, as ``_touch``
+        does for full blocks (same clock tick): the first block of its node (``_touch`` split
+        a node matched in part, and other candidates start a child), split off when the node
+        holds more, so the blocks after it keep their old recency."""
+        node = self.tree.nodes[int(self.tree.node_of[block])]
+        assert node is not None and int(node.block_ids[0]) == block
+        if len(node.block_ids) > 1:
+            node = self.tree.split(node, 1)
+        node.last_access = self._clock
+        self._refresh(node)  # a leaf whose last block this is stops being evictable
 
     def _is_evictable(self, node: RadixNode) -> bool:
         return (
@@ -592,5 +611,6 @@ _FEW_IDS = 8
 
 
 def _token_limit(tokens: np.ndarray, max_tokens: int | None) -> int:
-    """How many leading tokens a lookup may use: all, or at most ``max_tokens`` (>= 0)."""
-    return len(tokens) if max_tokens is None else min(len(tokens), max(0, max_tokens))
+    """How many leading tokens a lookup may use: all, or at most ``max_tokens`` (checked
+    by ``check_max_tokens``: None or an int >= 0)."""
+    return len(tokens) if max_tokens is None else min(len(tokens), max_tokens)

@@ -15,19 +15,25 @@ full block) and its hash taken over its tokens alone; only `partial_next` finds 
 
 from __future__ import annotations
 
-from collections.abc import Hashable
 from dataclasses import dataclass
 
 import numpy as np
 
-from prefixcache.hashing import BlockHasher, chain_block_hashes, namespace_hash
+from prefixcache.hashing import (
+    BlockHasher,
+    chain_block_hashes,
+    checked_block_hasher,
+    namespace_hash,
+)
 from prefixcache.radix_node import EMPTY_BLOCKS, RadixNode
+from prefixcache.tokens import CanonicalKeys
 
 PAD = -1
 """Token-table filler past the tokens of a partial block."""
 
-NamespaceName = tuple[str | None, tuple[Hashable, ...]]
-"""(salt, extra keys): requests in different namespaces never share a block."""
+NamespaceName = tuple[str | None, CanonicalKeys]
+"""(salt, extra keys in canonical form): requests in different namespaces never share a
+block. The name is both the key of the namespace's root and what its hash is taken over."""
 
 
 @dataclass
@@ -60,6 +66,8 @@ class InsertPlan:
     path: PathMatch
     blocked: bool
     """A different block with the same hash already sits where the new blocks would go."""
+    hashes: list[int]
+    """The chained hashes of the blocks to insert (``path.num_blocks`` onwards)."""
 
 
 class RadixTree:
@@ -69,7 +77,7 @@ class RadixTree:
         self, num_blocks: int, block_size: int, hasher: BlockHasher, model_fingerprint: str
     ) -> None:
         self.block_size = block_size
-        self.hasher = hasher
+        self.hasher = checked_block_hasher(hasher)
         self.model_fingerprint = model_fingerprint
         self.tokens = np.zeros((num_blocks, block_size), dtype=np.int32)  # [num_blocks, block_size]
         self.hashes = np.zeros(num_blocks, dtype=np.uint64)  # [num_blocks]
@@ -174,13 +182,17 @@ class RadixTree:
 
     # ------------------------------------------------------------------ insert
     def plan_insert(self, name: NamespaceName, tokens: np.ndarray, num_blocks: int) -> InsertPlan:
-        """Find where blocks ``path.num_blocks .. num_blocks - 1`` of ``tokens`` would attach."""
+        """Find where blocks ``path.num_blocks .. num_blocks - 1`` of ``tokens`` would attach,
+        and hash them: every hasher call (the only step that can fail on a custom hasher) is
+        made before anything changes."""
         path = self.walk(name, tokens, num_blocks)
         blocked = False
+        hashes: list[int] = []
         if path.num_blocks < num_blocks:
-            start = path.num_blocks * self.block_size * 4
-            data = memoryview(tokens).cast("B")[start : start + self.block_size * 4]
-            first_key = self.hasher(data, path.parent_hash)
+            hashes = chain_block_hashes(
+                tokens, self.block_size, path.num_blocks, num_blocks, path.parent_hash, self.hasher
+            )
+            first_key = hashes[0]
             attach = self._attach_point(name, path)
             if attach is not None:
                 node, at = attach
@@ -188,7 +200,7 @@ class RadixTree:
                     blocked = bool(node.children) and first_key in node.children
                 else:
                     blocked = first_key == int(self.hashes[node.block_ids[at]])
-        return InsertPlan(name, path, blocked)
+        return InsertPlan(name, path, blocked, hashes)
 
     def _attach_point(
         self, name: NamespaceName, path: PathMatch
@@ -226,13 +238,13 @@ class RadixTree:
         clock: int,
     ) -> tuple[RadixNode, list[RadixNode], list[int]]:
         """Cache ``new_block_ids`` after the matched path. Returns (node now holding them,
-        nodes whose shape changed, the new blocks' hashes). Caller checked ``not plan.blocked``."""
+        nodes whose shape changed, the new blocks' hashes). Caller checked ``not plan.blocked``
+        and that there is one new block id per planned hash."""
         path = plan.path
         first = path.num_blocks
         end = first + len(new_block_ids)
-        hashes = chain_block_hashes(
-            tokens, self.block_size, first, end, path.parent_hash, self.hasher
-        )
+        hashes = plan.hashes
+        assert len(hashes) == len(new_block_ids)
         parent, changed = self._attach_parent(plan.name, path)
         new_block_ids = new_block_ids.astype(np.int32, copy=False)
         self.tokens[new_block_ids] = tokens[
@@ -285,23 +297,30 @@ class RadixTree:
     def is_partial(self, block: int) -> bool:
         return bool(self.tokens[block, -1] == PAD)
 
+    def partial_hash(self, path: PathMatch, tokens: np.ndarray) -> int:  # tokens: [n] int32
+        """The hash of the partial block ``tokens[path_end:]`` (its tokens alone) after
+        ``path``: what ``insert_partial`` needs, computed before anything changes."""
+        start = path.num_blocks * self.block_size
+        return self.hasher(memoryview(tokens[start:]).cast("B"), path.parent_hash)
+
     def insert_partial(
         self,
         name: NamespaceName,
         path: PathMatch,
         tokens: np.ndarray,  # [num_tokens] int32: the path's full blocks, then the partial ones
         block: int,
+        key: int,
         priority: int,
         clock: int,
     ) -> list[RadixNode] | None:
         """Cache ``block`` holding ``tokens[path_end:]`` (fewer than a block) as a leaf after
-        ``path``, which must cover every full block of ``tokens``. Returns the nodes whose
-        shape changed, or None (nothing changed) when the namespace already has that leaf."""
+        ``path``, which must cover every full block of ``tokens``; ``key`` is its
+        ``partial_hash``. Returns the nodes whose shape changed, or None (nothing changed)
+        when the namespace already has that leaf."""
         bs = self.block_size
         start = path.num_blocks * bs
         fill = len(tokens) - start
         assert path.num_blocks == len(tokens) // bs and 0 < fill < bs
-        key = self.hasher(memoryview(tokens[start:]).cast("B"), path.parent_hash)
         attach = self._attach_point(name, path)
         if attach is not None:
             node, at = attach

@@ -115,7 +115,10 @@ MODEL_PRESETS: dict[str, ModelShape] = {
 
 
 def model_preset(name: str) -> ModelShape:
-    """The preset called `name` (case-insensitive); ValueError listing presets if unknown."""
+    """The preset called `name` (case-insensitive); ValueError listing presets if unknown,
+    TypeError if `name` is not a string."""
+    if not isinstance(name, str):
+        raise TypeError(f"model name must be a string, got {type(name).__name__}")
     shape = MODEL_PRESETS.get(name.strip().lower())
     if shape is None:
         raise ValueError(f"unknown model {name!r}; presets: {', '.join(MODEL_PRESETS)}")
@@ -164,11 +167,16 @@ _BINARY_UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
 
 
 def _format_units(num_bytes: int, base: int, units: tuple[str, ...]) -> str:
+    """`num_bytes` in the largest unit whose *shown* (rounded) value stays below `base`, so
+    999_999 bytes read '1.00 MB', never '1000.00 kB'; plain bytes are shown whole."""
+    if abs(num_bytes) < base:
+        return f"{num_bytes} B"
     value = float(num_bytes)
-    for unit in units:
-        if abs(value) < base or unit == units[-1]:
-            return f"{num_bytes} B" if unit == "B" else f"{value:.2f} {unit}"
+    for unit in units[1:]:
         value /= base
+        shown = f"{value:.2f}"
+        if abs(float(shown)) < base or unit == units[-1]:
+            return f"{shown} {unit}"
     raise AssertionError("unreachable")
 
 

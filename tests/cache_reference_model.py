@@ -518,3 +518,40 @@ def snapshot(cache: Any, prompts: Sequence[tuple[Sequence[int], str | None]]) ->
     """Observable state without side effects: stats and the cached length of some prompts."""
     lengths = tuple(cache.lookup(list(t), salt=s) for t, s in prompts)
     return tuple(sorted(cache.stats().items())), lengths
+
+
+def internal_state(cache: Any) -> tuple[Any, ...]:
+    """Everything inside a PrefixCache that a failed call must leave alone: reference counts,
+    the free list, every node (blocks, key, parent, priority, recency, pins), the roots, the
+    eviction index, the block tables of cached blocks, the counters, clock and pending events.
+    Reads only; ``snapshot`` is the black-box counterpart."""
+    tree = cache.tree
+    nodes = tuple(
+        None
+        if node is None
+        else (
+            node.idx,
+            None if node.parent is None else node.parent.idx,
+            node.key,
+            tuple(node.block_ids.tolist()),
+            node.priority,
+            node.last_access,
+            node.pin_count,
+            node.index_key,
+        )
+        for node in tree.nodes
+    )
+    cached = tree.node_of >= 0
+    return (
+        cache.pool.ref.tolist(),
+        cache.pool.free_block_ids().tolist(),
+        nodes,
+        sorted((repr(name), root.idx) for name, root in tree.roots.items()),
+        cache.index.keys(),
+        tree.node_of.tolist(),
+        tree.tokens[cached].tolist(),
+        tree.hashes[cached].tolist(),
+        tuple(sorted(cache.stats().items())),
+        cache._clock,
+        len(cache._events),
+    )

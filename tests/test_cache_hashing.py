@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
+from cache_reference_model import cache_prompt, internal_state
 
-from prefixcache import PrefixCache
+from prefixcache import PrefixCache, xxh3_block_hasher
 
 BS = 4
 PROMPT = list(range(20, 34))  # three full blocks + 2 tokens
@@ -60,3 +62,86 @@ def test_custom_block_hasher_is_used() -> None:
     ids = cache.allocate(4)
     assert cache.insert(PROMPT, ids) == 3
     assert cache.lookup(PROMPT) == 12
+
+
+POISON = 99
+"""A token whose blocks the flawed hashers below mishandle; every other block hashes fine."""
+
+
+def flawed_hasher(bad_result: object) -> object:
+    """xxh3, except for blocks holding POISON: those get ``bad_result`` (raised if an
+    exception)."""
+
+    def hasher(data: memoryview, seed: int) -> object:
+        if POISON in np.frombuffer(data, dtype=np.int32):
+            if isinstance(bad_result, Exception):
+                raise bad_result
+            return bad_result
+        return xxh3_block_hasher(data, seed)
+
+    return hasher
+
+
+FLAWS: list[tuple[object, type[Exception]]] = [
+    (-5, ValueError),  # e.g. Python's hash(): negative
+    (2**64, ValueError),
+    (1.5, TypeError),
+    ("12", TypeError),
+    (None, TypeError),
+    (True, TypeError),
+    (RuntimeError("hasher failed"), RuntimeError),
+]
+
+
+@pytest.mark.parametrize(("bad_result", "error"), FLAWS, ids=repr)
+@pytest.mark.parametrize(
+    ("cached", "insert"),
+    [
+        ([], [POISON, 1, 2, 3]),  # would create the namespace's root
+        ([1, 2, 3, 4, 5, 6], [1, 2, POISON, 4]),  # would split a cached run
+        ([1, 2], [1, 2, 3, 4, 5, POISON]),  # would touch the cached path, then fail late
+    ],
+)
+def test_a_flawed_block_hasher_fails_the_insert_with_nothing_changed(
+    bad_result: object, error: type[Exception], cached: list[int], insert: list[int]
+) -> None:
+    """A custom hasher's result must be an unsigned 64-bit int; a bad one (or a hasher that
+    raises) fails insert and insert_partial before anything changes, with a clear message."""
+    cache = PrefixCache(8, block_size=2, block_hasher=flawed_hasher(bad_result))  # type: ignore[arg-type]
+    if cached:
+        cache_prompt(cache, cached)
+    ids = cache.allocate(3)
+    before = internal_state(cache)
+    message = "block_hasher|hasher failed"
+    with pytest.raises(error, match=message):
+        cache.insert(insert, ids)
+    assert internal_state(cache) == before
+    cache.check_invariants()
+    if cached:  # the partial block after the cached full ones
+        with pytest.raises(error, match=message):
+            cache.insert_partial([*cached, POISON], ids[0])
+        assert internal_state(cache) == before
+        cache.check_invariants()
+    with pytest.raises(error, match=message):
+        cache.block_hashes(insert)
+    cache.release(ids)
+    cache.check_invariants()
+
+
+def test_a_hasher_returning_numpy_uint64_is_accepted() -> None:
+    """numpy unsigned 64-bit results are taken, as plain ints."""
+    cache = PrefixCache(
+        8, block_size=BS, block_hasher=lambda d, s: np.uint64(xxh3_block_hasher(d, s))
+    )
+    hashes = cache.block_hashes(PROMPT)
+    assert all(type(h) is int for h in hashes)
+    assert hashes == PrefixCache(8, block_size=BS).block_hashes(PROMPT)
+    cache_prompt(cache, PROMPT)
+    assert cache.lookup(PROMPT) == 12
+    cache.check_invariants()
+
+
+@pytest.mark.parametrize("bad", [0, "xxh3", 42.0])
+def test_block_hasher_must_be_callable(bad: object) -> None:
+    with pytest.raises(TypeError, match="callable"):
+        PrefixCache(8, block_size=BS, block_hasher=bad)  # type: ignore[arg-type]

@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from cache_reference_model import cache_prompt, snapshot
+from cache_reference_model import cache_prompt, internal_state, snapshot
 
 from prefixcache import PrefixCache
 
@@ -64,7 +64,11 @@ def cache() -> PrefixCache:
 
 def state(cache: PrefixCache) -> tuple[Any, ...]:
     """Everything a failed call must leave alone (events included)."""
-    return snapshot(cache, [(PROMPT, None), (OTHER, "s"), (OTHER, None)]), cache.drain_events()
+    return (
+        internal_state(cache),
+        snapshot(cache, [(PROMPT, None), (OTHER, "s"), (OTHER, None)]),
+        cache.drain_events(),
+    )
 
 
 def assert_rejected(cache: PrefixCache, error: type[Exception], call: Callable[[], object]) -> None:
@@ -275,4 +279,170 @@ def test_insert_checks_every_new_block(count: int, flaw: str) -> None:
     with pytest.raises(ValueError, match=message):
         cache.insert(list(range(100, 100 + count * BS)), ids)
     assert state(cache) == before
+    cache.check_invariants()
+
+
+BAD_PRIORITIES: list[tuple[object, type[Exception]]] = [
+    (1.5, TypeError),
+    (True, TypeError),
+    (np.int64(1), TypeError),
+    ("1", TypeError),
+    (None, TypeError),
+    (2**15, ValueError),
+    (-(2**15) - 1, ValueError),
+]
+
+
+@pytest.mark.parametrize(("priority", "error"), BAD_PRIORITIES, ids=repr)
+def test_insert_partial_checks_priority_as_insert_does(
+    cache: PrefixCache, priority: object, error: type[Exception]
+) -> None:
+    """insert_partial refuses every priority insert refuses, before anything changes (a
+    float priority used to be stored and broke the next release)."""
+    tokens = [*PROMPT, 1, 2]
+    ids = cache.allocate(4)
+    cache.insert(tokens, ids)
+    assert_rejected(cache, error, lambda: cache.insert(tokens, ids, priority=priority))  # type: ignore[arg-type]
+    assert_rejected(
+        cache,
+        error,
+        lambda: cache.insert_partial(tokens, ids[3], priority=priority),  # type: ignore[arg-type]
+    )
+    # also where nothing would be cached (no partial block): still checked first
+    assert_rejected(cache, error, lambda: cache.insert_partial(PROMPT, ids[3], priority=priority))  # type: ignore[arg-type]
+    assert cache.insert_partial(tokens, ids[3], priority=2**15 - 1)
+    cache.release(ids)
+    cache.check_invariants()
+
+
+@pytest.mark.parametrize(
+    ("max_tokens", "error"),
+    [
+        (6.0, TypeError),
+        (True, TypeError),
+        (False, TypeError),
+        ("8", TypeError),
+        ([4], TypeError),
+        (-1, ValueError),
+        (np.int64(-3), ValueError),
+    ],
+    ids=repr,
+)
+@pytest.mark.parametrize("partial_block", [False, True])
+def test_match_checks_max_tokens_first(
+    cache: PrefixCache, max_tokens: object, error: type[Exception], partial_block: bool
+) -> None:
+    """max_tokens is None or an int >= 0; anything else raises before the counters move."""
+    assert_rejected(
+        cache,
+        error,
+        lambda: cache.match(PROMPT, max_tokens=max_tokens, partial_block=partial_block),  # type: ignore[arg-type]
+    )
+
+
+@pytest.mark.parametrize("max_tokens", [np.int64(8), np.int32(8), np.uint8(8), 8])
+def test_match_takes_numpy_max_tokens_as_a_python_int(
+    cache: PrefixCache, max_tokens: object
+) -> None:
+    """A numpy integer cap works like the int, and no numpy int reaches the result or stats."""
+    m = cache.match(PROMPT, max_tokens=max_tokens)  # type: ignore[arg-type]
+    assert m.num_tokens == 8 and type(m.num_tokens) is int
+    assert type(cache.stats()["hit_tokens"]) is int
+    cache.release(m.block_ids)
+    cache.check_invariants()
+
+
+BAD_BLOCK_ID_LISTS: list[tuple[object, type[Exception]]] = [
+    ([0, True], TypeError),
+    ([True], TypeError),
+    ([2, False], TypeError),
+    ([0, np.True_], TypeError),
+    ([0, 1.0], TypeError),
+    ({1}, TypeError),
+    ({1: 1}, TypeError),
+    (np.zeros((0, 2), dtype=np.int32), TypeError),
+    (np.zeros((1, 2), dtype=np.int32), TypeError),
+    (np.array([0, 1], dtype=bool), TypeError),
+    (np.array([0.0]), TypeError),
+    ("01", TypeError),
+    (b"\x00", TypeError),
+    (memoryview(b"\x00"), TypeError),
+    (None, TypeError),
+    (3, TypeError),
+    ([2**70], ValueError),
+    ([-(2**70)], ValueError),
+    ([2**63], ValueError),
+    ([2**31], ValueError),
+    ([np.uint64(2**63)], ValueError),
+    ([0, 16], ValueError),
+    (np.array([0, 2**40]), ValueError),
+]
+
+
+@pytest.mark.parametrize(("ids", "error"), BAD_BLOCK_ID_LISTS, ids=repr)
+@pytest.mark.parametrize("method", ["release", "fork", "insert"])
+def test_block_id_lists_are_checked_alike(
+    cache: PrefixCache, ids: object, error: type[Exception], method: str
+) -> None:
+    """Bools among ints, floats, sets, 2-D or empty 2-D arrays and byte strings are
+    TypeErrors; an int outside the pool, however large, is a ValueError naming it."""
+    held = cache.allocate(2)
+    cache.fork(held)
+    call = {
+        "release": lambda: cache.release(ids),  # type: ignore[arg-type]
+        "fork": lambda: cache.fork(ids),  # type: ignore[arg-type]
+        "insert": lambda: cache.insert(list(range(100, 102)), ids),  # type: ignore[arg-type]
+    }[method]
+    before = state(cache)
+    with pytest.raises(error, match="unknown block id" if error is ValueError else "block_ids"):
+        call()
+    assert state(cache) == before
+    cache.check_invariants()
+
+
+@pytest.mark.parametrize(
+    "form",
+    [
+        list,
+        tuple,
+        lambda ids: np.array(ids, dtype=np.int32),
+        lambda ids: np.array(ids),
+        lambda ids: [np.int64(b) for b in ids],
+        lambda ids: np.array(ids, dtype=np.uint16),
+    ],
+)
+def test_block_id_forms_that_are_accepted(form: Callable[[list[int]], object]) -> None:
+    """Lists and tuples of ints or numpy ints and 1-D integer arrays are block ids."""
+    cache = PrefixCache(8, block_size=2)
+    ids = cache.allocate(2)
+    cache.fork(form(ids))  # type: ignore[arg-type]
+    assert cache.insert([1, 2, 3, 4], form(ids)) == 2  # type: ignore[arg-type]
+    cache.release(form(ids))  # type: ignore[arg-type]
+    cache.release(form(ids))  # type: ignore[arg-type]
+    assert cache.stats()["in_use"] == 0 and cache.lookup([1, 2, 3, 4]) == 4
+    cache.release(form([]))  # type: ignore[arg-type]
+    cache.check_invariants()
+
+
+@pytest.mark.parametrize("tokens", [memoryview(b"ab"), bytearray(b"ab")], ids=repr)
+@pytest.mark.parametrize("method", sorted(TOKEN_METHODS))
+def test_byte_buffers_are_not_token_lists(cache: PrefixCache, method: str, tokens: object) -> None:
+    """A memoryview or bytearray is refused like bytes, not read as byte-valued token ids."""
+    assert_rejected(cache, TypeError, lambda: TOKEN_METHODS[method](cache, tokens, None))
+
+
+@pytest.mark.parametrize("max_tokens", [6.0, 6.5, "6"], ids=repr)
+def test_a_non_int_max_tokens_fails_before_the_counters_move(max_tokens: object) -> None:
+    """Where the walk itself would not trip over a float cap (one block per node), the
+    partial-block search used to, after query_tokens had grown."""
+    cache = PrefixCache(8, block_size=4)
+    first = cache.allocate(1)
+    cache.insert([1, 2, 3, 4], first, priority=1)  # a priority of its own: a node of its own
+    second = cache.allocate(1)
+    cache.insert([1, 2, 3, 4, 5, 6, 7, 8], first + second)
+    cache.release(first + second)
+    before = internal_state(cache)
+    with pytest.raises(TypeError, match="max_tokens"):
+        cache.match([1, 2, 3, 4, 5, 6, 7, 8], max_tokens=max_tokens, partial_block=True)  # type: ignore[arg-type]
+    assert internal_state(cache) == before
     cache.check_invariants()

@@ -148,6 +148,58 @@ def test_partial_blocks_are_evicted_and_make_no_events() -> None:
     cache.check_invariants()
 
 
+def hit_partial(cache: PrefixCache, tokens: list[int], expected_shared: int) -> None:
+    """One request whose match ends in a partial-block hit, released at once."""
+    m = cache.match(tokens, partial_block=True)
+    assert m.partial_tokens == expected_shared
+    cache.release([*m.block_ids, m.partial_block])
+    cache.check_invariants()
+
+
+def test_a_partial_hit_refreshes_the_cached_partial_block() -> None:
+    """A partial block that requests keep hitting outlives one nobody hit since (it used to
+    keep its insert-time recency, so the hottest partial block was evicted first)."""
+    cache = PrefixCache(3, block_size=BS)
+    finished_request(cache, [1, 2, 3, 4, 5, 6])  # P1: block [1..4], partial [5, 6]
+    cache.release(cache.match([1, 2, 3, 4]).block_ids)
+    finished_request(cache, [1, 2, 3, 4, 7, 8])  # P2: partial [7, 8], newer than P1
+    for _ in range(3):
+        hit_partial(cache, [1, 2, 3, 4, 5, 6, 9], 2)  # P1 is now the more recent
+    cache.allocate(1)
+    assert cache.lookup([1, 2, 3, 4, 5, 6], partial_block=True) == 6
+    assert cache.lookup([1, 2, 3, 4, 7, 8], partial_block=True) == 4
+    cache.check_invariants()
+
+
+def test_a_partial_hit_on_a_full_block_refreshes_that_block_only() -> None:
+    """A partial hit on the next full block of a cached run counts as an access to that
+    block, as a full-block hit would, and to none after it."""
+    cache = PrefixCache(5, block_size=BS)
+    cache_prompt(cache, [*FULL, 9, 10, 11, 12])  # one run of three blocks: A B C
+    cache_prompt(cache, [7, 7, 7, 7])  # newer than the run
+    hit_partial(cache, [1, 2, 3, 4, 5, 6, 0], 2)  # A in full, then two tokens of B
+    cache.allocate(2)  # one free block, then C (the run's unrefreshed tail) is evicted
+    assert cache.lookup([*FULL, 9, 10, 11, 12]) == 8
+    cache.allocate(1)  # B (hit after [7, 7, 7, 7] was cached) outlives it
+    assert cache.lookup([7, 7, 7, 7]) == 0
+    assert cache.lookup(FULL) == 8
+    cache.check_invariants()
+
+
+def test_a_partial_hit_on_a_runs_first_block_refreshes_that_block_only() -> None:
+    """The same with no full block matched: the hit block is the first of a child run."""
+    cache = PrefixCache(4, block_size=BS)
+    cache_prompt(cache, FULL)  # one run of two blocks: A B
+    cache_prompt(cache, [7, 7, 7, 7])  # newer than the run
+    hit_partial(cache, [1, 2, 0], 2)  # two tokens of A
+    cache.allocate(2)  # one free block, then B (the run's unrefreshed tail)
+    assert cache.lookup(FULL) == 4
+    cache.allocate(1)  # A (hit after [7, 7, 7, 7] was cached) outlives it
+    assert cache.lookup([7, 7, 7, 7]) == 0
+    assert cache.lookup(FULL) == 4
+    cache.check_invariants()
+
+
 def test_pin_keeps_the_partial_block_with_its_path() -> None:
     """pin covers the prefix to its last cached token; unpin releases that pin first."""
     cache = PrefixCache(8, block_size=BS)

@@ -135,3 +135,28 @@ def test_human_units():
     assert format_binary_bytes(1024) == "1.00 KiB"
     assert format_decimal_bytes(10**9) == "1.00 GB"
     assert format_binary_bytes(2**40) == "1.00 TiB"
+
+
+@pytest.mark.parametrize(
+    ("num_bytes", "decimal", "binary"),
+    [
+        (999_999, "1.00 MB", "976.56 KiB"),
+        (999_994, "999.99 kB", "976.56 KiB"),
+        (2**20 - 1, "1.05 MB", "1.00 MiB"),
+        (1023, "1.02 kB", "1023 B"),
+        (1_048_570, "1.05 MB", "1023.99 KiB"),
+        (10**18 - 1, "1000.00 PB", "888.18 PiB"),
+    ],
+)
+def test_unit_is_chosen_after_rounding(num_bytes: int, decimal: str, binary: str) -> None:
+    """A value that rounds up to the base moves to the next unit ('1.00 MB', not '1000.00 kB');
+    the last unit has no next one."""
+    assert format_decimal_bytes(num_bytes) == decimal
+    assert format_binary_bytes(num_bytes) == binary
+
+
+@pytest.mark.parametrize("bad", [70, None, b"llama-70b", ["llama-70b"]], ids=repr)
+def test_model_preset_needs_a_string(bad: object) -> None:
+    """A non-string model name is a TypeError, not an AttributeError from str methods."""
+    with pytest.raises(TypeError, match="string"):
+        model_preset(bad)  # type: ignore[arg-type]
