@@ -81,8 +81,10 @@ class AsyncLLM:
         """Yield the request's state after every step that changed it; the last is finished.
 
         Validation errors raise before anything is queued. Leaving the loop early (a client
-        that disconnects, a cancelled task) aborts the request and frees its blocks; its id may
-        be used again at once (nothing of the aborted request reaches the new one).
+        that disconnects, a cancelled task) aborts the request and frees its blocks once the
+        generator is closed: at once with ``aclose()`` (or ``contextlib.aclosing``), else when
+        the event loop finalizes it (a plain ``break`` leaves it open for a moment). From then
+        on its id may be used again, and nothing of the aborted request reaches the new one.
         """
         params = params or SamplingParams()
         token_ids = self.llm.encode(prompt)
