@@ -74,8 +74,26 @@ def _byte_level_spelling(token: str, alphabet: frozenset[str]) -> str:
     return "".join(table[b] for b in token.encode("utf-8"))
 
 
+def _vocab_entry(token: str, kind: int, alphabet: frozenset[str]) -> str:
+    """The BPE vocabulary key of a token of GGUF type `kind`.
+
+    Control (3) and user-defined (4) tokens keep their raw text, which may hold characters
+    outside the byte-level alphabet (a space, '▁', '｜'): they are registered as added tokens
+    under that text, matched whole in input and returned verbatim by `id_to_token`, as in
+    llama.cpp and the original tokenizer.json. Ordinary tokens are spelled byte-level.
+    """
+    if kind in (TOKEN_TYPE_CONTROL, TOKEN_TYPE_USER_DEFINED):
+        return token
+    return _byte_level_spelling(token, alphabet)
+
+
 def tokenizer_from_gguf_metadata(metadata: Mapping[str, Any]) -> Tokenizer:
-    """A byte-level BPE `Tokenizer` equivalent to the model's original tokenizer.json."""
+    """A byte-level BPE `Tokenizer` equivalent to the model's original tokenizer.json.
+
+    Control and user-defined tokens are matched whole under their raw text (see
+    `_vocab_entry`). ValueError for a non-BPE or unsupported vocabulary, missing tokens or
+    merges, a malformed merge, or a token type list whose length differs from the tokens'.
+    """
     model_type = metadata.get("tokenizer.ggml.model")
     if model_type != "gpt2":
         raise ValueError(
@@ -88,8 +106,13 @@ def tokenizer_from_gguf_metadata(metadata: Mapping[str, Any]) -> Tokenizer:
         raise ValueError("GGUF metadata lacks tokenizer.ggml.tokens or tokenizer.ggml.merges")
     types = list(metadata.get("tokenizer.ggml.token_type") or [1] * len(tokens))
     alphabet = frozenset(bytes_to_unicode().values())
-    spelled = [_byte_level_spelling(t, alphabet) for t in tokens]
-    vocab = {token: index for index, token in enumerate(spelled)}
+    if len(types) != len(tokens):
+        raise ValueError(
+            f"GGUF metadata has {len(types)} tokenizer.ggml.token_type entries for "
+            f"{len(tokens)} tokens"
+        )
+    entries = [_vocab_entry(t, kind, alphabet) for t, kind in zip(tokens, types, strict=True)]
+    vocab = {token: index for index, token in enumerate(entries)}
     merges = []
     for merge in merges_text:
         parts = merge.split(" ")

@@ -199,6 +199,7 @@ class ModelConfig:
             attention_bias=has_qkv_bias,
             bos_token_id=cv.token_id(metadata, "tokenizer.ggml.bos_token_id", where),
             eos_token_ids=cv.token_ids(metadata, "tokenizer.ggml.eos_token_id", where),
+            sliding_window=_gguf_sliding_window(metadata, arch),
         )
 
 
@@ -232,6 +233,19 @@ def _hf_sliding_window(config: Mapping[str, Any]) -> int | None:
         if not cv.flag(config, "use_sliding_window", "config.json", False):
             return None
         raise ValueError("Qwen2 per-layer sliding window attention is not supported")
+    return window
+
+
+def _gguf_sliding_window(metadata: Mapping[str, Any], arch: str) -> int | None:
+    """`{arch}.attention.sliding_window` (a positive int, None when absent), applied to every
+    layer as Mistral's HF `sliding_window` is.
+
+    Qwen2 is the exception: GGUF has no `use_sliding_window` flag, so a window stated for it is
+    ignored, as llama.cpp does and as HF does by default (`use_sliding_window` false).
+    """
+    window = cv.positive_int(metadata, f"{arch}.attention.sliding_window", "GGUF metadata", None)
+    if arch == "qwen2":
+        return None
     return window
 
 

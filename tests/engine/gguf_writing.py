@@ -55,9 +55,11 @@ def gguf_tensors(hf_model: Any, architecture: str) -> dict[str, np.ndarray]:
 
 
 def write_tiny_gguf(hf_model: Any, path: Path, architecture: str = "llama",
-                    qtype: gguf.GGMLQuantizationType = gguf.GGMLQuantizationType.F32) -> Path:
+                    qtype: gguf.GGMLQuantizationType = gguf.GGMLQuantizationType.F32,
+                    sliding_window: int | None = None) -> Path:
     """Metadata (config, byte-level BPE vocabulary, chat template) and tensors in `qtype`
-    (norms and biases stay F32, as llama.cpp keeps 1-D tensors)."""
+    (norms and biases stay F32, as llama.cpp keeps 1-D tensors); `sliding_window` writes
+    `{arch}.attention.sliding_window`."""
     config = hf_model.config
     writer = gguf.GGUFWriter(str(path), architecture)
     writer.add_block_count(config.num_hidden_layers)
@@ -69,6 +71,8 @@ def write_tiny_gguf(hf_model: Any, path: Path, architecture: str = "llama",
     writer.add_rope_freq_base(float(rope_parameters(config)["rope_theta"]))
     writer.add_layer_norm_rms_eps(config.rms_norm_eps)
     writer.add_vocab_size(config.vocab_size)
+    if sliding_window is not None:
+        writer.add_sliding_window(sliding_window)
     _add_tokenizer(writer, config.vocab_size)
     if rope_parameters(config).get("rope_type") == "llama3":
         writer.add_tensor("rope_freqs.weight", llama3_rope_factors(config))

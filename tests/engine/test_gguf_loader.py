@@ -45,6 +45,15 @@ def test_f32_gguf_matches_transformers(tmp_path, variant):
     assert loaded.chat_template is not None and loaded.tokenizer.eos_token_ids == (2,)
 
 
+def test_mistral_gguf_sliding_window_matches_transformers(tmp_path):
+    """`mistral.attention.sliding_window` is applied from the first token past the window."""
+    hf_model = tiny_hf_model("mistral", sliding_window=4)
+    path = write_tiny_gguf(hf_model, tmp_path / "sw.gguf", "mistral", sliding_window=4)
+    loaded = load_model(path, dtype=torch.float32)
+    assert loaded.config.sliding_window == 4
+    assert greedy_generate(loaded.model, PROMPT, 12) == hf_greedy_generate(hf_model, PROMPT, 12)
+
+
 @pytest.mark.parametrize("qtype", [Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1])
 def test_quantized_tensors_dequantize_to_the_quantized_values(tmp_path, qtype):
     hf_model = tiny_hf_model("llama", hidden_size=64, intermediate_size=128)

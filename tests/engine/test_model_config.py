@@ -125,6 +125,8 @@ GGUF_METADATA = {
     ({"llama.rope.scaling.type": "linear"}, "missing required key 'llama.rope.scaling.factor'"),
     ({"llama.attention.layer_norm_rms_epsilon": "x"}, "layer_norm_rms_epsilon must be a finite"),
     ({"tokenizer.ggml.eos_token_id": "2"}, "tokenizer.ggml.eos_token_id must be a token id"),
+    ({"llama.attention.sliding_window": "4"}, "llama.attention.sliding_window must be a positive"),
+    ({"llama.attention.sliding_window": 0}, "llama.attention.sliding_window must be a positive"),
 ])
 def test_gguf_metadata_values_are_type_checked_naming_the_key(change, message):
     with pytest.raises(ValueError, match=message):
@@ -137,3 +139,20 @@ def test_gguf_linear_rope_scaling():
                                       "llama.rope.scaling.factor": 2.0})
     config = ModelConfig.from_gguf_metadata(metadata, has_output_tensor=False, has_qkv_bias=False)
     assert config.rope_scaling == RopeScaling("linear", 2.0)
+
+
+def _gguf_config(metadata: dict) -> ModelConfig:
+    return ModelConfig.from_gguf_metadata(metadata, has_output_tensor=False, has_qkv_bias=False)
+
+
+def test_gguf_sliding_window_by_architecture():
+    """`{arch}.attention.sliding_window` is honoured like HF `sliding_window` (Qwen2: ignored)."""
+    mistral = {k.replace("llama.", "mistral."): v for k, v in GGUF_METADATA.items()}
+    mistral.update({"general.architecture": "mistral", "mistral.attention.sliding_window": 4})
+    assert _gguf_config(mistral).sliding_window == 4
+    llama = dict(GGUF_METADATA, **{"llama.attention.sliding_window": 8})
+    assert _gguf_config(llama).sliding_window == 8
+    assert _gguf_config(GGUF_METADATA).sliding_window is None
+    qwen = {k.replace("llama.", "qwen2."): v for k, v in GGUF_METADATA.items()}
+    qwen.update({"general.architecture": "qwen2", "qwen2.attention.sliding_window": 4})
+    assert _gguf_config(qwen).sliding_window is None

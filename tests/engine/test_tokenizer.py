@@ -62,6 +62,63 @@ def test_gguf_metadata_tokenizer_equals_original(backend):
         assert tokenizer.decode(ids) == backend.decode(ids, skip_special_tokens=True)
 
 
+RAW_SPECIALS = ["<｜begin▁of▁sentence｜>", "<｜User｜>", "<|reserved special|>"]
+RAW_USER_DEFINED = ["    ", "<think>"]
+
+
+def _with_raw_added_tokens(backend):
+    """The tiny tokenizer plus special and user-defined tokens whose text lies outside the
+    byte-level alphabet (DeepSeek-R1 style), and its GGUF metadata (token types 3 and 4)."""
+    original = _copy(backend)
+    original.add_special_tokens([AddedToken(t, special=True, normalized=False)
+                                 for t in RAW_SPECIALS])
+    original.add_tokens([AddedToken(t, special=False, normalized=False)
+                         for t in RAW_USER_DEFINED])
+    metadata = gguf_metadata(original)
+    types = metadata["tokenizer.ggml.token_type"]
+    for kind, added in ((3, RAW_SPECIALS), (4, RAW_USER_DEFINED)):
+        for token in added:
+            types[original.token_to_id(token)] = kind
+    return original, metadata
+
+
+def test_raw_text_special_tokens_encode_to_their_single_id(backend):
+    original, metadata = _with_raw_added_tokens(backend)
+    tokenizer = Tokenizer.from_gguf_metadata(metadata)
+    assert tokenizer.vocab_size == original.get_vocab_size(with_added_tokens=True)
+    for token in RAW_SPECIALS + RAW_USER_DEFINED:
+        token_id = original.token_to_id(token)
+        assert tokenizer.id_to_token(token_id) == token
+        assert tokenizer.token_to_id(token) == token_id
+        text = f"a{token}b {token}"
+        ids = tokenizer.encode(text)
+        assert ids == original.encode(text).ids and ids.count(token_id) == 2
+        for skip in (True, False):
+            assert tokenizer.decode(ids, skip_special_tokens=skip) == original.decode(
+                ids, skip_special_tokens=skip)
+    for text in TEXTS:
+        assert tokenizer.encode(text) == original.encode(text).ids
+
+
+def test_raw_text_bos_and_qwen2_pre_tokenizer(backend):
+    original, metadata = _with_raw_added_tokens(backend)
+    bos, user = (original.token_to_id(t) for t in RAW_SPECIALS[:2])
+    metadata.update({"tokenizer.ggml.pre": "deepseek-r1-qwen",
+                     "tokenizer.ggml.bos_token_id": bos, "tokenizer.ggml.add_bos_token": True})
+    tokenizer = Tokenizer.from_gguf_metadata(metadata)
+    ids = tokenizer.encode("<｜User｜>hello", add_special_tokens=True)
+    assert ids[:2] == [bos, user] and user not in ids[2:]
+    decoded = tokenizer.decode(ids, skip_special_tokens=False)
+    assert decoded == "".join(RAW_SPECIALS[:2]) + "hello"
+
+
+def test_token_type_count_must_match_the_vocabulary(backend):
+    metadata = gguf_metadata(backend)
+    metadata["tokenizer.ggml.token_type"] = metadata["tokenizer.ggml.token_type"][:-1]
+    with pytest.raises(ValueError, match="token_type entries for"):
+        tokenizer_from_gguf_metadata(metadata)
+
+
 def test_smollm_pre_tokenizer_splits_digits(backend):
     digits = tokenizer_from_gguf_metadata(gguf_metadata(backend, pre="smollm"))
     pieces = [piece for piece, _ in digits.pre_tokenizer.pre_tokenize_str("ab 2024")]
