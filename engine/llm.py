@@ -211,7 +211,7 @@ class LLM:
             if needed > self.cache.num_blocks - pinned + own:
                 raise ValueError(
                     f"the request needs {needed} KV blocks; pins hold {pinned} of the pool's "
-                    f"{self.cache.num_blocks} ({own} of them on its prefix)"
+                    f"{self.cache.num_blocks}, and {own} blocks of its prefix are cached"
                 )
 
     def _add(self, token_ids: np.ndarray, params: SamplingParams, salt: str | None) -> str:
