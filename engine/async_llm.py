@@ -20,6 +20,7 @@ import contextlib
 import itertools
 import queue
 import threading
+import time
 from collections.abc import AsyncIterator, Sequence
 from concurrent.futures import Future
 from typing import Any
@@ -86,6 +87,7 @@ class AsyncLLM:
         the event loop finalizes it (a plain ``break`` leaves it open for a moment). From then
         on its id may be used again, and nothing of the aborted request reaches the new one.
         """
+        arrival = time.perf_counter()  # the engine's TTFT and queue time count from here
         params = params or SamplingParams()
         token_ids = self.llm.encode(prompt)
         self.llm.check_request(token_ids, params, salt)
@@ -101,7 +103,8 @@ class AsyncLLM:
         self._commands.put(
             (
                 "add",
-                (engine_id, token_ids, params, salt, prompt if isinstance(prompt, str) else None),
+                (engine_id, token_ids, params, salt, prompt if isinstance(prompt, str) else None,
+                 arrival),
             )
         )
         finished = False
@@ -215,9 +218,9 @@ class AsyncLLM:
     def _handle(self, kind: str, payload: Any) -> None:
         engine = self.llm.engine
         if kind == "add":
-            request_id, token_ids, params, salt, prompt = payload
+            request_id, token_ids, params, salt, prompt, arrival = payload
             try:
-                engine.add_request(request_id, token_ids, params, salt, prompt)
+                engine.add_request(request_id, token_ids, params, salt, prompt, arrival)
             except Exception as error:  # delivered to the caller, the engine keeps serving
                 self._deliver(request_id, error)
         elif kind == "abort":

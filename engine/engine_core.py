@@ -199,10 +199,11 @@ class EngineCore:
             self.num_finished += 1
 
     def _fail_unschedulable(self, touched: dict[str, _RequestGroup]) -> None:
-        """Nothing could run: the head of the queue cannot fit in the pool even when alone."""
-        if self.scheduler.running or not self.scheduler.waiting:
+        """Nothing could run: the request the policy picked cannot fit in the pool even when
+        alone (pins hold the rest); it fails, and the others are tried next step."""
+        if self.scheduler.running or self.scheduler.blocked is None:
             return
-        request = self.scheduler.waiting[0]
+        request = self.scheduler.blocked  # the policy's pick, not always the oldest request
         group = self._by_request[request]
         group.error = (
             f"request needs more KV blocks than the pool can free "
@@ -237,13 +238,7 @@ class EngineCore:
             self.groups.pop(group.request_id, None)
             for sample in group.samples:
                 self._by_request.pop(sample.request, None)
-        metrics = first.metrics
-        end = metrics.finished_time
-        view = RequestMetricsView(
-            ttft=metrics.ttft,
-            tpot=metrics.tpot(first.num_output_tokens),
-            e2e=None if end is None else end - metrics.arrival_time,
-        )
+        view = _group_metrics([sample.request for sample in group.samples])
         return RequestOutput(
             group.request_id,
             first.prompt_token_ids,
@@ -254,3 +249,24 @@ class EngineCore:
             group.prompt,
             group.error,
         )
+
+
+def _group_metrics(samples: list[Request]) -> RequestMetricsView:
+    """A request's metrics over all its samples (``n > 1``): ``ttft`` and ``queue`` from its
+    first sample (the others fork from it), ``e2e`` to the last sample's finish (None until
+    every sample finished), ``tpot`` the mean gap after each sample's first token, pooled."""
+    first = samples[0].metrics
+    ends = [request.metrics.finished_time for request in samples]
+    decode_time, decode_tokens = 0.0, 0
+    for request in samples:
+        gap = request.metrics.tpot(request.num_output_tokens)
+        if gap is not None:
+            decode_time += gap * (request.num_output_tokens - 1)
+            decode_tokens += request.num_output_tokens - 1
+    scheduled = first.first_scheduled_time
+    return RequestMetricsView(
+        ttft=first.ttft,
+        tpot=decode_time / decode_tokens if decode_tokens else None,
+        e2e=None if None in ends else max(ends) - first.arrival_time,  # type: ignore[type-var]
+        queue=None if scheduled is None else scheduled - first.arrival_time,
+    )

@@ -51,6 +51,7 @@ class Scheduler:
         self.running: list[Request] = []
         self.num_preemptions = 0
         self.step_count = 0
+        self.blocked: Request | None = None  # the request the last step could not admit
 
     # ------------------------------------------------------------------ queue
     def add(self, request: Request) -> None:
@@ -63,6 +64,7 @@ class Scheduler:
     def schedule(self) -> SchedulerOutput:
         """Pick this step's work within the token budget and allocate its blocks."""
         self.step_count += 1
+        self.blocked = None
         out = SchedulerOutput()
         budget = self.max_num_batched_tokens
         index = 0
@@ -80,6 +82,7 @@ class Scheduler:
                     break
                 num_new = self._admit(request, budget, out)
                 if num_new is None:
+                    self.blocked = request  # the policy's pick the pool could not hold
                     break
                 self.waiting.remove(request)
                 self._add_scheduled(out, request, num_new)
@@ -222,6 +225,8 @@ class Scheduler:
         self._release_blocks(request)
         request.status = RequestStatus.FINISHED
         request.finish_reason = reason
+        if request.metrics.finished_time is None:  # an abort: no final token set it
+            request.metrics.finished_time = time.perf_counter()
 
     def _release_blocks(self, request: Request) -> None:
         """Release a request's blocks; its last, partly filled block stays cached (a later

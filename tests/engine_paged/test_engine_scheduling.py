@@ -109,6 +109,30 @@ def test_a_partial_hit_that_fills_the_pool_is_given_up(tiny_llama_dir: Path) -> 
     llm.cache.check_invariants()
 
 
+@pytest.mark.parametrize("policy", ["fcfs", "cache-aware"])
+def test_the_request_that_cannot_fit_is_the_one_failed(tiny_llama_dir: Path, policy: str) -> None:
+    """Pins taken after admission leave room for A (4 tokens) but not for B (the pinned
+    prefix + 12): whichever the policy tries first, B alone fails and A is answered (the
+    cache-aware order tried B, and the oldest request, A, was failed in its place)."""
+    llm = LLM(str(tiny_llama_dir), dtype="float32", num_blocks=10, block_size=4,
+              scheduling_policy=policy)
+    pinned, other = list(range(1, 17)), list(range(101, 117))  # 4 blocks each
+    llm.warm(pinned, pin=True)
+    llm.warm(other)
+    params = SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True)
+    engine = llm.engine
+    engine.add_request("A", [201, 202, 203, 204], params)
+    engine.add_request("B", [*pinned, *range(301, 313)], params)
+    llm.cache.pin(other)  # 2 blocks stay free
+    finished = {}
+    while engine.has_unfinished():
+        finished.update({out.request_id: out for out in engine.step() if out.finished})
+    assert finished["A"].error is None and len(finished["A"].token_ids) == 2
+    assert "KV blocks" in (finished["B"].error or "")
+    assert llm.stats()["in_use"] == 0
+    llm.cache.check_invariants()
+
+
 def test_unschedulable_forked_request_fails_every_sample(tiny_llama_dir: Path) -> None:
     """n > 1 samples that outgrow a pool held by pins: when one cannot be resumed, the
     request fails as a whole (its other samples too) and the engine keeps serving."""
