@@ -135,9 +135,9 @@ class Scheduler:
         num_cached = 0
         partial: int | None = None
         if self.enable_prefix_caching:
-            match = self.cache.match(
+            match = self.cache.match(  # counted below, once admitted
                 request.all_tokens, request.salt, max_tokens=request.num_tokens - 1,
-                partial_block=True,
+                partial_block=True, count=False,
             )
             cached, partial = match.block_ids, match.partial_block
             num_cached = match.num_tokens + match.partial_tokens
@@ -168,6 +168,10 @@ class Scheduler:
             out.copy_ops.append(CopyOp(partial, fresh[0], match.partial_tokens))
             self.cache.release([partial])
         request.block_ids = cached + fresh
+        if self.enable_prefix_caching and request.num_cached_tokens is None:
+            # the hit rate counts each request once, at its first admission (a preempted
+            # request's re-match is not a new query), and only what it uses
+            self.cache.count_query(request.num_tokens, num_cached)
         request.num_computed_tokens = num_cached
         request.num_written_tokens = len(cached) * self.block_size
         request.num_committed_blocks = len(cached)

@@ -129,6 +129,7 @@ class PrefixCache:
         max_tokens: int | None = None,
         extra_keys: Sequence[ExtraKey] = (),
         partial_block: bool = False,
+        count: bool = True,
     ) -> PrefixMatch:
         """Longest cached prefix of ``token_ids[:max_tokens]`` in full blocks, and with
         ``partial_block`` the cached block after them that shares the most next tokens.
@@ -136,13 +137,16 @@ class PrefixCache:
         Takes one reference on each matched block, the partial one included (release them
         when done), and refreshes the recency of every block used, the partial one included.
         Counts ``query_tokens`` (the whole prompt) and ``hit_tokens`` (the partial block's
-        shared tokens too). ``max_tokens`` is None or an int >= 0 (numpy integers too);
-        ``extra_keys`` as in ``canonical_extra_keys``. Bad input raises before any change.
+        shared tokens too), unless ``count`` is False: a caller that may give the match back
+        (an admission the pool cannot hold yet) counts what it uses with ``count_query``.
+        ``max_tokens`` is None or an int >= 0 (numpy integers too); ``extra_keys`` as in
+        ``canonical_extra_keys``. Bad input raises before any change.
         """
         tokens = as_token_array(token_ids)
         limit = _token_limit(tokens, check_max_tokens(max_tokens))
         path = self._walk(tokens, salt, extra_keys, limit)
-        self.query_tokens += len(tokens)
+        if count:
+            self.query_tokens += len(tokens)
         partial = None
         if partial_block:
             partial = self.tree.partial_next(
@@ -155,13 +159,24 @@ class PrefixCache:
         self._touch(path)
         num_tokens = path.num_blocks * self.block_size
         if partial is None:
-            self.hit_tokens += num_tokens
+            self.hit_tokens += num_tokens if count else 0
             return PrefixMatch(ids.tolist(), num_tokens)
         block, shared = partial
         self.pool.acquire_unique(np.array([block], dtype=np.int32))
         self._touch_block(block)
-        self.hit_tokens += num_tokens + shared
+        self.hit_tokens += num_tokens + shared if count else 0
         return PrefixMatch(ids.tolist(), num_tokens, block, shared)
+
+    def count_query(self, query_tokens: int, hit_tokens: int) -> None:
+        """Add a query of ``query_tokens`` tokens, ``hit_tokens`` of them found cached, to the
+        hit-rate counters (for matches made with ``count=False``)."""
+        for name, value in (("query_tokens", query_tokens), ("hit_tokens", hit_tokens)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"{name} must be an int >= 0, got {value!r}")
+        if hit_tokens > query_tokens:
+            raise ValueError(f"hit_tokens ({hit_tokens}) exceed query_tokens ({query_tokens})")
+        self.query_tokens += query_tokens
+        self.hit_tokens += hit_tokens
 
     def lookup(
         self,

@@ -198,3 +198,21 @@ def test_a_held_partial_block_is_not_evicted() -> None:
     cache.release([*m.block_ids, second])
     assert cache.can_allocate(3)
     cache.check_invariants()
+
+
+def test_a_match_made_without_counting_leaves_the_hit_rate_to_count_query() -> None:
+    """count=False moves neither counter; count_query adds what the caller used."""
+    cache = PrefixCache(8, block_size=2)
+    ids = cache.allocate(2)
+    cache.insert([1, 2, 3, 4], ids)
+    cache.release(ids)
+    before = (cache.query_tokens, cache.hit_tokens)
+    match = cache.match([1, 2, 3, 4, 5], count=False)
+    assert match.num_tokens == 4 and (cache.query_tokens, cache.hit_tokens) == before
+    cache.count_query(5, 4)
+    assert (cache.query_tokens, cache.hit_tokens) == (before[0] + 5, before[1] + 4)
+    for bad in ((5, 6), (-1, 0), (5, True), (5.0, 1)):
+        with pytest.raises(ValueError):
+            cache.count_query(*bad)
+    cache.release(match.block_ids)
+    cache.check_invariants()

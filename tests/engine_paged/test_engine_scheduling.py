@@ -133,6 +133,22 @@ def test_the_request_that_cannot_fit_is_the_one_failed(tiny_llama_dir: Path, pol
     llm.cache.check_invariants()
 
 
+def test_the_hit_rate_counts_each_request_once(tiny_llama_dir: Path) -> None:
+    """Requests that wait for blocks (and are preempted and resumed) count their prompt and
+    hit once, at their first admission: the counters were bumped at every failed attempt."""
+    llm = LLM(str(tiny_llama_dir), dtype="float32", num_blocks=24, block_size=4)
+    prefix = list(range(1, 17))
+    llm.warm(prefix)
+    before = llm.stats()
+    prompts = [[*prefix, *range(100 + 10 * i, 108 + 10 * i)] for i in range(3)]
+    params = SamplingParams(max_tokens=30, temperature=0.0, ignore_eos=True)
+    outs = llm.generate(prompts, params)
+    after = llm.stats()
+    assert after["query_tokens"] - before["query_tokens"] == sum(map(len, prompts))
+    assert after["hit_tokens"] - before["hit_tokens"] == sum(o.num_cached_tokens for o in outs)
+    assert llm.stats()["in_use"] == 0
+
+
 def test_unschedulable_forked_request_fails_every_sample(tiny_llama_dir: Path) -> None:
     """n > 1 samples that outgrow a pool held by pins: when one cannot be resumed, the
     request fails as a whole (its other samples too) and the engine keeps serving."""
