@@ -11,12 +11,27 @@ one position at a time, the chunk that extends the longest already-cached prefix
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from prefixcache.integrations.sdk.canonical import canonical_text
 from prefixcache.integrations.sdk.results import Completion
+
+# Ends the context of a cache-aware lookup probe (see ``RagPromptBuilder.probe_messages``): a
+# symbol that, like the "[" opening the next chunk, follows the last chunk's blank line, but
+# that neither a chunk header nor a chat template ever puts there.
+PROBE_END = "\u2400"
+
+
+class MiddlewareSalt(enum.Enum):
+    """``MIDDLEWARE_SALT``: "the middleware's own ``salt``" (None means no salt)."""
+
+    DEFAULT = "middleware salt"
+
+
+MIDDLEWARE_SALT = MiddlewareSalt.DEFAULT
 
 
 @dataclass(frozen=True)
@@ -62,8 +77,16 @@ class RagPromptBuilder:
 
     @staticmethod
     def canonical_order(chunks: Iterable[RetrievedChunk]) -> list[RetrievedChunk]:
-        """Duplicates (same id) dropped, sorted by id: one order per retrieved set."""
-        unique = {chunk.id: chunk for chunk in chunks}
+        """Sorted by id, one chunk per id: one order per retrieved set.
+
+        Of chunks sharing an id the first is kept (retrievers rank best first), whatever its
+        text. Ids must be strings: TypeError names the first chunk whose id is not."""
+        unique: dict[str, RetrievedChunk] = {}
+        for chunk in chunks:
+            if not isinstance(chunk.id, str):
+                raise TypeError(f"chunk ids must be str, got {type(chunk.id).__name__} id "
+                                f"{chunk.id!r}")
+            unique.setdefault(chunk.id, chunk)
         return [unique[key] for key in sorted(unique)]
 
     def format_chunk(self, chunk: RetrievedChunk) -> str:
@@ -83,6 +106,16 @@ class RagPromptBuilder:
         """The cacheable part (system + context), for lookups and warming."""
         return [{"role": "system", "content": self.system_content(ordered)}]
 
+    def probe_messages(self, ordered: Sequence[RetrievedChunk]) -> list[dict[str, str]]:
+        """Messages whose rendering is that of any real prompt starting with ``ordered`` up
+        to the end of those chunks, then ``PROBE_END``, which no cached prompt has there.
+
+        Looking them up counts only the cached tokens a real prompt with these chunks first
+        is sure to share: not the chat template's end of turn that ``prefix_messages`` renders
+        (a real prompt continues with the next chunk or the question instead)."""
+        return [{"role": "system", "content": self.system_content(ordered) + PROBE_END},
+                {"role": "user", "content": PROBE_END}]
+
 
 class RagMiddleware:
     """Ask questions over retrieved chunks through ``client`` with reusable prefixes.
@@ -96,17 +129,21 @@ class RagMiddleware:
         self.client, self.builder = client, builder
         self.canonical, self.cache_aware, self.salt = canonical, cache_aware, salt
 
-    def order(self, chunks: Sequence[RetrievedChunk]) -> list[RetrievedChunk]:
-        """The order the chunks go into the prompt."""
+    def order(self, chunks: Sequence[RetrievedChunk],
+              salt: str | MiddlewareSalt | None = MIDDLEWARE_SALT) -> list[RetrievedChunk]:
+        """The order the chunks go into the prompt. Cache-aware ordering looks the cache up
+        under ``salt`` (default: the middleware's), which must be the salt the prompt is
+        sent with: another salt's cache is not the one the request can hit."""
         if not self.canonical:
             return list(chunks)
         remaining = self.builder.canonical_order(chunks)
-        if not self.cache_aware:
+        if not self.cache_aware or not remaining:
             return remaining
+        salt = self.salt if salt is MIDDLEWARE_SALT else salt
         chosen: list[RetrievedChunk] = []
-        cached = self._cached(chosen)
+        cached = self._cached(chosen, salt)
         while remaining:
-            scored = [(self._cached([*chosen, chunk]), -i, chunk)
+            scored = [(self._cached([*chosen, chunk], salt), -i, chunk)
                       for i, chunk in enumerate(remaining)]
             best_cached, _, best = max(scored, key=lambda item: (item[0], item[1]))
             if best_cached <= cached:
@@ -116,13 +153,17 @@ class RagMiddleware:
             cached = best_cached
         return chosen + remaining
 
-    def messages(self, question: str, chunks: Sequence[RetrievedChunk]) -> list[dict[str, str]]:
-        return self.builder.messages(question, self.order(chunks))
+    def messages(self, question: str, chunks: Sequence[RetrievedChunk],
+                 salt: str | MiddlewareSalt | None = MIDDLEWARE_SALT) -> list[dict[str, str]]:
+        """The prompt for ``question``, chunks ordered for a request under ``salt``."""
+        return self.builder.messages(question, self.order(chunks, salt))
 
     def ask(self, question: str, chunks: Sequence[RetrievedChunk], **options: Any) -> Completion:
-        """Answer ``question`` from ``chunks``; ``usage.cached_tokens`` shows the reuse."""
+        """Answer ``question`` from ``chunks``; ``usage.cached_tokens`` shows the reuse.
+        ``salt`` in ``options`` (default: the middleware's) is used for the request and for
+        ordering the chunks alike."""
         options.setdefault("salt", self.salt)
-        return self.client.chat(self.messages(question, chunks), **options)
+        return self.client.chat(self.messages(question, chunks, options["salt"]), **options)
 
     def warm_documents(self, chunks: Iterable[RetrievedChunk], pin: bool = False) -> int:
         """Prefill the system prompt followed by each chunk alone, so any query whose prompt
@@ -154,6 +195,7 @@ class RagMiddleware:
                 failed += 1
         return failed
 
-    def _cached(self, ordered: Sequence[RetrievedChunk]) -> int:
-        return self.client.lookup(messages=self.builder.prefix_messages(ordered),
-                                  salt=self.salt)
+    def _cached(self, ordered: Sequence[RetrievedChunk], salt: str | None) -> int:
+        """Cached tokens that every real prompt starting with ``ordered`` shares (through the
+        end of those chunks; see ``RagPromptBuilder.probe_messages``)."""
+        return self.client.lookup(messages=self.builder.probe_messages(ordered), salt=salt)

@@ -37,25 +37,87 @@ class Turn:
         return self.cached_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
 
 
-def system_message(system: str, tools: Sequence[Mapping[str, Any]] = ()) -> dict[str, str]:
+Content = str | list[dict[str, Any]]
+
+
+def check_tools(tools: Any) -> list[Mapping[str, Any]]:
+    """``tools`` as a list of tool schemas (None: no tools); TypeError unless it is a
+    sequence (a list, a tuple) of mappings — a single schema must be wrapped in a list."""
+    if tools is None:
+        return []
+    if isinstance(tools, Mapping):
+        raise TypeError("tools must be a list of tool schemas (dicts), got a single "
+                        f"{type(tools).__name__}; wrap it in a list")
+    if isinstance(tools, str | bytes) or not isinstance(tools, Sequence):
+        raise TypeError("tools must be a list of tool schemas (dicts), got "
+                        f"{type(tools).__name__}")
+    for index, tool in enumerate(tools):
+        if not isinstance(tool, Mapping):
+            raise TypeError(f"tools[{index}] must be a tool schema (a dict), got "
+                            f"{type(tool).__name__} {tool!r}")
+    return list(tools)
+
+
+def checked_content(content: Any) -> Content:
+    """A copy of a user message's ``content`` as the chat template accepts it: a string, or
+    a list of OpenAI text parts ``{"type": "text", "text": str}`` (extra keys kept). The copy
+    keeps later edits of the caller's list out of the history. TypeError for another type,
+    ValueError for a part that is not a text part."""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise TypeError("message content must be a string or a list of text parts, got "
+                        f"{type(content).__name__} {content!r}")
+    parts = []
+    for index, part in enumerate(content):
+        if not isinstance(part, Mapping) or part.get("type") != "text":
+            raise ValueError(f"content part {index} must be a text part "
+                             f"{{'type': 'text', 'text': ...}}, got {part!r}")
+        if not isinstance(part.get("text"), str):
+            raise ValueError(f"content part {index} needs a string 'text', got {part!r}")
+        parts.append(dict(part))
+    return parts
+
+
+def system_message(system: str, tools: Sequence[Mapping[str, Any]] | None = ()
+                   ) -> dict[str, str]:
     """The first message: the system text, then each tool schema as canonical JSON, in the
-    given order (one per line)."""
+    given order (one per line). TypeError for a system that is not a string or tools that
+    are not a list of dicts (see ``check_tools``)."""
+    if not isinstance(system, str):
+        raise TypeError(f"system must be a string, got {type(system).__name__}")
+    tools = check_tools(tools)
     parts = [canonical_text(system)]
     if tools:
         parts.append("# Tools\n" + "\n".join(canonical_json(dict(tool)) for tool in tools))
     return {"role": "system", "content": "\n\n".join(p for p in parts if p)}
 
 
+def user_message(text: Content) -> dict[str, Any]:
+    """A user message with checked content (see ``checked_content``)."""
+    return {"role": "user", "content": checked_content(text)}
+
+
+def copy_message(message: Mapping[str, Any]) -> dict[str, Any]:
+    """A copy of a history message that shares no list of content parts with it."""
+    copy = dict(message)
+    if isinstance(copy.get("content"), list):
+        copy["content"] = [dict(part) for part in copy["content"]]
+    return copy
+
+
 class Session:
     """An append-only chat with per-turn cache accounting.
 
-    ``ask(text)`` appends a user message, calls the model, appends its reply verbatim and
-    returns the ``Turn``. ``add_tool_result`` appends a tool message whose content is the
-    canonical JSON of the result. ``options`` (max_tokens, temperature, salt...) apply to
-    every call."""
+    ``ask(text)`` calls the model on the history plus a user message and, once the call has
+    succeeded, appends that message and the reply (verbatim) and returns the ``Turn``; a
+    failed call appends nothing, so it can simply be retried. ``add_tool_result`` appends a
+    tool message whose content is the canonical JSON of the result. Every ``add_*`` checks
+    its input before appending: what cannot be rendered never enters the history. ``options``
+    (max_tokens, temperature, salt...) apply to every call."""
 
     def __init__(self, client: ChatClient, system: str = "",
-                 tools: Sequence[Mapping[str, Any]] = (), **options: Any) -> None:
+                 tools: Sequence[Mapping[str, Any]] | None = (), **options: Any) -> None:
         self.client = client
         self.options = options
         self._messages: list[dict[str, Any]] = []
@@ -66,13 +128,21 @@ class Session:
     @property
     def messages(self) -> list[dict[str, Any]]:
         """A copy of the history (editing it does not change the session)."""
-        return [dict(message) for message in self._messages]
+        return [copy_message(message) for message in self._messages]
 
-    def add_user(self, text: str) -> None:
-        self._messages.append({"role": "user", "content": text})
+    def add_user(self, text: Content) -> None:
+        """Append a user message: ``text`` a string or a list of text parts (checked and
+        copied by ``checked_content``; nothing is appended if it raises)."""
+        self._messages.append(user_message(text))
 
     def add_tool_result(self, name: str, result: Any, call_id: str | None = None) -> None:
-        """Append a tool's result; ``result`` is serialized as canonical JSON."""
+        """Append a tool's result; ``result`` is serialized as canonical JSON (TypeError or
+        ValueError from ``canonical_json``, or for a ``name`` / ``call_id`` that is not a
+        string, and nothing is appended)."""
+        if not isinstance(name, str):
+            raise TypeError(f"tool name must be a string, got {type(name).__name__}")
+        if call_id is not None and not isinstance(call_id, str):
+            raise TypeError(f"call_id must be a string or None, got {type(call_id).__name__}")
         message: dict[str, Any] = {"role": "tool", "name": name,
                                    "content": canonical_json(result)}
         if call_id is not None:
@@ -80,22 +150,29 @@ class Session:
         self._messages.append(message)
 
     def respond(self, **options: Any) -> Turn:
-        """Call the model on the history; its reply is appended exactly as returned."""
-        completion = self.client.chat(self._messages, **{**self.options, **options})
-        self._messages.append({"role": "assistant", "content": completion.text})
+        """Call the model on the history; its reply is appended exactly as returned (nothing
+        is appended if the call raises)."""
+        return self._call([], options)
+
+    def ask(self, text: Content, **options: Any) -> Turn:
+        """Like ``add_user(text)`` then ``respond()``, except that the user message is
+        appended only with the reply: if the call raises, the history is as it was."""
+        return self._call([user_message(text)], options)
+
+    def _call(self, pending: list[dict[str, Any]], options: Mapping[str, Any]) -> Turn:
+        """Call the model on the history plus ``pending``; on success append ``pending`` and
+        the reply, record and return the ``Turn``."""
+        completion = self.client.chat([*self._messages, *pending],
+                                      **{**self.options, **options})
+        self._messages.extend([*pending, {"role": "assistant", "content": completion.text}])
         usage = completion.usage
         turn = Turn(completion.text, usage.prompt_tokens, usage.cached_tokens,
                     usage.completion_tokens, completion.finish_reason)
         self.turns.append(turn)
         return turn
 
-    def ask(self, text: str, **options: Any) -> Turn:
-        """``add_user(text)`` then ``respond()``."""
-        self.add_user(text)
-        return self.respond(**options)
-
     def fork(self) -> Session:
         """A branch with the same history and options; the two diverge from here on."""
         branch = Session(self.client, **self.options)
-        branch._messages = [dict(message) for message in self._messages]
+        branch._messages = [copy_message(message) for message in self._messages]
         return branch

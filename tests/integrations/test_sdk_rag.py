@@ -122,3 +122,79 @@ def test_a_failed_warm_over_http_releases_only_its_own_pins(server) -> None:
         with pytest.raises(APIError, match="404"):
             client.unpin(messages=own_pin)
         client.reset()
+
+
+SHORT = RetrievedChunk("doc-a", "fox dog")
+LONG_B = RetrievedChunk("doc-b", "The quick brown fox jumps over")
+LONG_D = RetrievedChunk("doc-d", "Paris is the capital of France.")
+
+
+def real_cached(client: LocalClient, ordered: list[RetrievedChunk], salt: str | None = None
+                ) -> int:
+    """Cached tokens of the real prompt (system + context + question) in this order."""
+    return client.lookup(messages=BUILDER.messages("what?", ordered), salt=salt)
+
+
+def test_cache_aware_order_ignores_the_end_of_turn_a_warmed_chunk_ends_with(
+        local: LocalClient) -> None:
+    """A chunk warmed alone is cached with the template's end of turn after it, which no real
+    prompt shares there; scoring it by that would rank a short warmed chunk above a longer
+    cached pair."""
+    local.chat(BUILDER.messages("q0", [LONG_B, LONG_D]), max_tokens=1)
+    RagMiddleware(local, BUILDER).warm_documents([SHORT])
+    chunks = [LONG_D, SHORT, LONG_B]
+    best = max(real_cached(local, list(p)) for p in itertools.permutations(chunks))
+    order = RagMiddleware(local, BUILDER).order(chunks)
+    assert order == [LONG_B, LONG_D, SHORT]
+    assert real_cached(local, order) == best > real_cached(local, [SHORT, LONG_B, LONG_D])
+
+
+def test_a_probe_renders_like_the_real_prompt_up_to_the_end_of_its_chunks(
+        llm: LLM) -> None:
+    probe = llm.render_chat(BUILDER.probe_messages([LONG_B]))
+    real = llm.render_chat(BUILDER.messages("q", [LONG_B, LONG_D]))
+    content_end = real.index(BUILDER.format_chunk(LONG_D))
+    assert probe[:content_end] == real[:content_end]
+    assert probe[content_end] != real[content_end]
+
+
+class SaltRecorder:
+    """A client that records the salt of every lookup and chat it passes on."""
+
+    def __init__(self, client: LocalClient) -> None:
+        self.client, self.salts = client, []
+
+    def lookup(self, prompt=None, *, messages=None, salt=None) -> int:
+        self.salts.append(("lookup", salt))
+        return self.client.lookup(prompt, messages=messages, salt=salt)
+
+    def chat(self, messages, **options):
+        self.salts.append(("chat", options.get("salt")))
+        return self.client.chat(messages, **options)
+
+
+def test_ask_orders_chunks_under_the_salt_of_the_call(local: LocalClient) -> None:
+    local.chat(BUILDER.messages("q0", [D, A]), max_tokens=1, salt="t1")
+    unsalted_order = real_cached(local, [A, D], salt="t1")
+    recorder = SaltRecorder(local)
+    middleware = RagMiddleware(recorder, BUILDER)  # its own salt: None
+    assert middleware.order([A, D], salt="t1") == [D, A]
+    assert middleware.order([A, D]) == [A, D]  # nothing cached without a salt
+    recorder.salts.clear()
+    usage = middleware.ask("q1", [A, D], salt="t1", max_tokens=1).usage
+    assert set(recorder.salts) == {("lookup", "t1"), ("chat", "t1")}
+    assert usage.cached_tokens > unsalted_order
+    recorder.salts.clear()
+    RagMiddleware(recorder, BUILDER, salt="own").ask("q2", [A], salt=None, max_tokens=1)
+    assert set(recorder.salts) == {("lookup", None), ("chat", None)}
+
+
+def test_canonical_order_keeps_the_first_chunk_of_an_id() -> None:
+    first, second = RetrievedChunk("x", "best ranked"), RetrievedChunk("x", "lower ranked")
+    assert BUILDER.canonical_order([first, second, A]) == [A, first]
+
+
+@pytest.mark.parametrize("bad_id", [1, None, ("doc",)])
+def test_canonical_order_refuses_ids_that_are_not_strings(bad_id) -> None:
+    with pytest.raises(TypeError, match="chunk ids must be str"):
+        BUILDER.canonical_order([A, RetrievedChunk(bad_id, "text")])

@@ -95,3 +95,94 @@ def test_session_over_http(server) -> None:
         turns = [session.ask(q) for q in ("one", "two", "three")]
     assert turns[0].cached_tokens == 0
     assert all(t.cached_tokens > turns[0].prompt_tokens // 2 for t in turns[1:])
+
+
+BAD_CONTENT = [5, None, b"bytes", ("tuple",), ["plain string part"],
+               [{"type": "image_url", "image_url": {"url": "x"}}], [{"type": "text", "text": 3}]]
+
+
+@pytest.mark.parametrize("content", BAD_CONTENT)
+def test_bad_user_content_is_refused_before_it_enters_the_history(
+        local: LocalClient, content) -> None:
+    session = Session(local, "sys", max_tokens=2)
+    before = session.messages
+    with pytest.raises((TypeError, ValueError), match="content"):
+        session.add_user(content)
+    with pytest.raises((TypeError, ValueError), match="content"):
+        session.ask(content)
+    assert session.messages == before and session.turns == []
+    session.ask("a real question")  # the session is still usable
+    assert [m["role"] for m in session.messages] == ["system", "user", "assistant"]
+
+
+def test_text_parts_are_accepted_and_copied(local: LocalClient, llm: LLM) -> None:
+    parts = [{"type": "text", "text": "first "}, {"type": "text", "text": "second"}]
+    session = Session(local, "sys", max_tokens=2)
+    session.add_user(parts)
+    parts[0]["text"] = "edited"
+    parts.append({"type": "text", "text": "more"})
+    assert session.messages[-1]["content"] == [{"type": "text", "text": "first "},
+                                               {"type": "text", "text": "second"}]
+    session.messages[-1]["content"].clear()  # a copy: the history is unchanged
+    assert "first second" in llm.render_chat(session.messages)
+    session.respond()
+
+
+class FailingOnce:
+    """Raises on the first chat, then answers through ``client``."""
+
+    def __init__(self, client: LocalClient) -> None:
+        self.client, self.failed = client, False
+
+    def chat(self, messages, **options):
+        if not self.failed:
+            self.failed = True
+            raise ConnectionError("server went away")
+        return self.client.chat(messages, **options)
+
+
+def test_a_failed_ask_leaves_the_history_as_it_was(local: LocalClient) -> None:
+    session = Session(FailingOnce(local), "sys", max_tokens=2)
+    with pytest.raises(ConnectionError):
+        session.ask("question")
+    assert session.messages == [{"role": "system", "content": "sys"}] and session.turns == []
+    session.ask("question")  # the retry appends one user message, not two
+    assert [m["role"] for m in session.messages] == ["system", "user", "assistant"]
+
+
+def test_a_prompt_too_long_for_the_model_can_be_replaced(local: LocalClient) -> None:
+    session = Session(local, "sys", max_tokens=2)
+    with pytest.raises(ValueError):
+        session.ask("The quick brown fox. " * 300)
+    assert len(session.messages) == 1
+    assert session.ask("short").prompt_tokens > 0
+
+
+@pytest.mark.parametrize(("tools", "message"), [
+    (["search"], r"tools\[0\] must be a tool schema \(a dict\), got str 'search'"),
+    ({"type": "function"}, "got a single dict; wrap it in a list"),
+    ("search", "tools must be a list of tool schemas"),
+    (5, "tools must be a list of tool schemas"),
+])
+def test_bad_tools_are_a_clear_type_error(tools, message) -> None:
+    with pytest.raises(TypeError, match=message):
+        Session(None, "sys", tools)
+    with pytest.raises(TypeError, match=message):
+        system_message("sys", tools)
+
+
+def test_no_tools() -> None:
+    assert Session(None, "sys", None).messages == Session(None, "sys").messages
+    with pytest.raises(TypeError, match="system must be a string"):
+        Session(None, 5)
+
+
+def test_a_bad_tool_result_appends_nothing() -> None:
+    session = Session(None, "sys")
+    with pytest.raises(TypeError, match="tool name must be a string"):
+        session.add_tool_result(None, {"a": 1})
+    with pytest.raises(TypeError, match="call_id must be a string"):
+        session.add_tool_result("t", {"a": 1}, call_id=7)
+    with pytest.raises(TypeError, match="not JSON serializable"):
+        session.add_tool_result("t", {"a": {1, 2}})
+    assert len(session.messages) == 1
