@@ -201,7 +201,9 @@ class Scheduler:
         request.num_committed_blocks = max(full, request.num_committed_blocks)
 
     def fork(self, parent: Request, child: Request) -> None:
-        """Start ``child`` on ``parent``'s blocks (shared by reference, copied on write)."""
+        """Start ``child`` on ``parent``'s blocks (shared by reference, copied on write). With
+        ``max_num_seqs`` sequences running already, the child waits at the front of the queue
+        instead (its blocks given back; its cached prompt is matched again on admission)."""
         self.cache.fork(parent.block_ids)
         child.block_ids = list(parent.block_ids)
         child.num_computed_tokens = parent.num_computed_tokens
@@ -210,6 +212,11 @@ class Scheduler:
         child.num_cached_tokens = parent.num_cached_tokens
         child.status = RequestStatus.RUNNING
         self.running.append(child)
+        if len(self.running) > self.max_num_seqs:
+            self.running.remove(child)
+            self._release_blocks(child)
+            child.status = RequestStatus.WAITING
+            self.waiting.appendleft(child)
 
     def preempt(self, request: Request) -> None:
         """Free a running request's blocks (its full blocks stay cached) and requeue it first."""

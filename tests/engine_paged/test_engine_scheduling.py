@@ -149,6 +149,30 @@ def test_the_hit_rate_counts_each_request_once(tiny_llama_dir: Path) -> None:
     assert llm.stats()["in_use"] == 0
 
 
+def test_forked_samples_stay_within_max_num_seqs(tiny_llama_dir: Path) -> None:
+    """Two n = 4 requests under max_num_seqs = 2: no step runs more than 2 sequences (forks
+    went straight into the running set: 8 ran), every sample completes, and greedy samples
+    still equal the n = 1 answer."""
+    llm = LLM(str(tiny_llama_dir), dtype="float32", num_blocks=64, block_size=4,
+              max_num_seqs=2, max_num_batched_tokens=8)
+    engine, scheduler = llm.engine, llm.engine.scheduler
+    prompts = {"a": list(range(1, 11)), "b": list(range(20, 30))}
+    greedy = SamplingParams(n=4, max_tokens=5, temperature=0.0, ignore_eos=True)
+    for request_id, prompt in prompts.items():
+        engine.add_request(request_id, prompt, greedy)
+    finished, most = {}, 0
+    while engine.has_unfinished():
+        finished.update({out.request_id: out for out in engine.step() if out.finished})
+        most = max(most, len(scheduler.running))
+    assert most <= 2
+    single = SamplingParams(max_tokens=5, temperature=0.0, ignore_eos=True)
+    for request_id, prompt in prompts.items():
+        expected = llm.generate([prompt], single)[0].token_ids
+        assert [o.token_ids for o in finished[request_id].outputs] == [expected] * 4
+    assert llm.stats()["in_use"] == 0
+    llm.cache.check_invariants()
+
+
 def test_unschedulable_forked_request_fails_every_sample(tiny_llama_dir: Path) -> None:
     """n > 1 samples that outgrow a pool held by pins: when one cannot be resumed, the
     request fails as a whole (its other samples too) and the engine keeps serving."""
