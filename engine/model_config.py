@@ -119,9 +119,6 @@ class ModelConfig:
         if not isinstance(config, Mapping):
             raise ValueError(f"config.json must hold a JSON object, got {type(config).__name__}")
         where = "config.json"
-        architecture = config.get("model_type")
-        if architecture is None:
-            raise ValueError("config.json has no 'model_type'")
         architecture = cv.text(config, "model_type", where)
         _check_activation(config.get("hidden_act"), "hidden_act", where)
         hidden_size = cv.positive_int(config, "hidden_size", where)
