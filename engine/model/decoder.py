@@ -18,9 +18,9 @@ from .greedy_head import build_greedy_screen
 from .mlp import SwiGLUMLP
 from .norms import RMSNorm
 from .packed_linear import (
-    PACKABLE_DTYPES,
     PackedLinear,
     pack_linear_layers,
+    packable_dtype,
     weight_packing_available,
 )
 from .rope import RotaryEmbedding
@@ -258,7 +258,7 @@ class CausalLM(nn.Module):
         if self.device.type != "cpu" or not weight_packing_available():
             return 0
         arena = cpu_kernels().HugePageArena()
-        tied = self.lm_head is None and self.dtype in PACKABLE_DTYPES
+        tied = self.lm_head is None and packable_dtype(self.dtype)
         if tied:
             self.lm_head = PackedLinear(self.embed_tokens.weight, None, arena)
         packed = int(tied) + pack_linear_layers(self, arena)

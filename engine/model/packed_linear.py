@@ -11,6 +11,8 @@ every call; a pre-packed weight skips that. Two kernels hold packed weights:
 * otherwise (float32, or no compiled kernels): oneDNN's own packed layout
   (``torch.ops.mkldnn._reorder_linear_weight``), bitwise-identical to ``F.linear``; measured in
   bf16: 0.45-0.66x the time at 1 row, 0.72-0.88x at 32-64 rows, 0.90-0.94x at 1,637 rows.
+  oneDNN packs bf16 only on CPUs with AVX-512 (BW, VL, DQ) or AVX-NE-CONVERT; elsewhere (an
+  AVX2-only CPU such as AMD Zen 3) bf16 projections stay plain ``nn.Linear``.
 
 ``PREFIXCACHE_PACK_WEIGHTS=0`` turns packing off (plain ``nn.Linear``).
 """
@@ -30,6 +32,15 @@ if TYPE_CHECKING:
     from prefixcache.kernels.cpu.huge_pages import HugePageArena
 
 PACKABLE_DTYPES = (torch.float32, torch.bfloat16)
+
+
+def packable_dtype(dtype: torch.dtype) -> bool:
+    """True when a weight of `dtype` can be packed on this CPU: float32 always, bfloat16 where
+    oneDNN's bf16 GEMM runs (its reorder raises on CPUs without AVX-512 or AVX-NE-CONVERT)."""
+    if dtype == torch.bfloat16:
+        supported = getattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", None)
+        return supported is not None and bool(supported())
+    return dtype in PACKABLE_DTYPES
 
 
 def weight_packing_available() -> bool:
@@ -94,7 +105,7 @@ def pack_linear_layers(model: nn.Module, arena: HugePageArena | None = None) -> 
         for name, child in parent.named_children()
         if isinstance(child, nn.Linear)
         and child.weight.device.type == "cpu"
-        and child.weight.dtype in PACKABLE_DTYPES
+        and packable_dtype(child.weight.dtype)
     ]
     for parent, name, child in targets:
         setattr(parent, name, PackedLinear(child.weight, child.bias, arena))

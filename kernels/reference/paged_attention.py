@@ -54,8 +54,18 @@ def paged_prefill_attention_reference(
             cached_v = gather_context(v_cache, block_tables[seq], context)
             keys = torch.cat([dequantize(cached_k, k_scale, q.dtype), keys])
             values = torch.cat([dequantize(cached_v, v_scale, q.dtype), values])
-        out[begin:end] = _attend(q[begin:end], keys, values, context, scale)
+        attended = _attend(_widened(q[begin:end]), _widened(keys), _widened(values), context, scale)
+        out[begin:end] = attended  # rounded to the query dtype once, here
     return out
+
+
+def _widened(x: torch.Tensor) -> torch.Tensor:
+    """``x`` in float32 when it is a 16-bit float: SDPA's CPU kernels round a 16-bit input's
+    softmax weights to 16 bits before the value product, with their own blocking, so the same
+    token attended as a new token, over a cached prefix, or in another chunk would round
+    differently (and a cached answer differ from an uncached one). In float32 only the output's
+    final rounding is 16-bit."""
+    return x.float() if x.dtype in (torch.bfloat16, torch.float16) else x
 
 
 def _attend(
@@ -152,9 +162,9 @@ def paged_decode_attention_reference(
     # over that KV head, so no K/V copy per query head is needed. With so few query rows,
     # two batched matmuls beat SDPA's CPU flash kernel (about 2x in bf16); the softmax runs in
     # float32.
-    grouped = q.reshape(num_seqs, num_kv_heads, group, head_dim)
-    scores = torch.matmul(grouped, keys.permute(0, 2, 3, 1)).float()  # [seqs, kv, group, len]
-    scores = scores.mul_(scale).add_(mask[:, None, None, :])
-    weights = torch.softmax(scores, dim=-1).to(q.dtype)
-    out = torch.matmul(weights, values.transpose(1, 2))  # [seqs, kv_heads, group, dim]
-    return out.reshape(num_seqs, num_heads, head_dim)
+    grouped = _widened(q).reshape(num_seqs, num_kv_heads, group, head_dim)
+    scores = torch.matmul(grouped, _widened(keys).permute(0, 2, 3, 1))  # [seqs, kv, group, len]
+    scores = scores.float().mul_(scale).add_(mask[:, None, None, :])
+    weights = torch.softmax(scores, dim=-1).to(grouped.dtype)
+    out = torch.matmul(weights, _widened(values).transpose(1, 2))  # [seqs, kv, group, dim]
+    return out.reshape(num_seqs, num_heads, head_dim).to(q.dtype)

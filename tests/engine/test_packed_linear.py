@@ -8,7 +8,11 @@ import torch
 from torch import nn
 
 from prefixcache.engine.model import ContiguousAttention
-from prefixcache.engine.model.packed_linear import PackedLinear, weight_packing_available
+from prefixcache.engine.model.packed_linear import (
+    PackedLinear,
+    packable_dtype,
+    weight_packing_available,
+)
 from prefixcache.engine.model_config import ModelConfig
 from prefixcache.engine.weights import build_model
 from prefixcache.engine.weights.hf_folder import read_hf_config, read_hf_state_dict
@@ -49,6 +53,8 @@ def packed_and_plain(make_hf_folder, architecture, overrides, dtype):
 def test_onednn_packed_model_gives_bitwise_equal_logits(
     make_hf_folder, architecture, overrides, dtype
 ):
+    if not packable_dtype(dtype):
+        pytest.skip(f"oneDNN cannot pack {dtype} on this CPU (no AVX-512 or AVX-NE-CONVERT)")
     with kernel_backend("reference"):  # bf16 too: oneDNN's packing, not the compiled GEMM
         config, packed, plain, modules = packed_and_plain(
             make_hf_folder, architecture, overrides, dtype
@@ -79,3 +85,19 @@ def test_float16_and_disabled_packing_keep_plain_linears(make_hf_folder, monkeyp
     monkeypatch.setenv("PREFIXCACHE_PACK_WEIGHTS", "0")
     model = build_model(config, state, torch.float32)
     assert not any(isinstance(m, PackedLinear) for m in model.modules())
+
+
+def test_bf16_stays_plain_where_onednn_cannot_pack_it(make_hf_folder, monkeypatch):
+    """On a CPU without AVX-512 (oneDNN's bf16 reorder raises there) a bf16 model loads with
+    plain linears and computes what an unpacked model computes; float32 is still packed."""
+    monkeypatch.setattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: False)
+    assert not packable_dtype(torch.bfloat16) and packable_dtype(torch.float32)
+    _, folder = make_hf_folder("llama")
+    config, state = read_hf_config(folder), read_hf_state_dict(folder)
+    plain = build_model(config, state, torch.bfloat16, pack=False)
+    loaded = build_model(config, state, torch.bfloat16)
+    assert not any(isinstance(m, PackedLinear) for m in loaded.modules())
+    assert torch.equal(logits_of(loaded, config), logits_of(plain, config))
+    assert any(
+        isinstance(m, PackedLinear) for m in build_model(config, state, torch.float32).modules()
+    )

@@ -11,13 +11,20 @@ from memory_mappings import vm_flags_of
 
 from prefixcache.engine import LLM, SamplingParams
 from prefixcache.kernels.cpu import huge_pages_available
+from prefixcache.kernels.dispatch import cpu_kernels
 
 needs_huge_pages = pytest.mark.skipif(
     not huge_pages_available(), reason="no transparent huge pages on this machine"
 )
+# the arena holds the compiled bf16 GEMM's packed weights; without that GEMM nothing goes there
+needs_compiled_gemm = pytest.mark.skipif(
+    not cpu_kernels().cpu_linear_supports(torch.zeros(2, 2, dtype=torch.bfloat16)),
+    reason="the compiled bf16 GEMM is unavailable on this machine",
+)
 
 
 @needs_huge_pages
+@needs_compiled_gemm
 def test_weights_in_huge_pages_give_the_same_tokens(
     tiny_llama_hd64_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
