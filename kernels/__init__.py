@@ -2,8 +2,9 @@
 the same signatures.
 
 Dispatch (see ``prefixcache.kernels.dispatch``) picks the Triton kernel for CUDA tensors, the
-compiled CPU attention kernel (``prefixcache.kernels.cpu``: AVX-512 BF16, bf16 queries over
-bf16, int8 or fp8 pools) where it applies on CPU, and the pure-torch reference elsewhere.
+compiled CPU attention kernels (``prefixcache.kernels.cpu``: AVX-512 BF16, bf16 queries over
+bf16, int8 or fp8 pools; AVX2/FMA, float32 queries over float32 pools) where they apply on
+CPU, and the pure-torch reference elsewhere.
 Pools may be quantized (fp8 e4m3 or int8, scaled, see ``prefixcache.kernels.quantization``):
 ``store_kv`` quantizes, attention dequantizes. The elementwise ops (``rms_norm``,
 ``add_rms_norm_``, ``apply_rotary_``, ``silu_and_mul``, see ``prefixcache.kernels.model_ops``)
@@ -26,6 +27,7 @@ from prefixcache.kernels.dispatch import (
     kernel_backend,
     set_kernel_backend,
     triton_kernels,
+    uses_cpu_f32_kernel,
     uses_cpu_kernel,
     uses_triton,
 )
@@ -111,6 +113,8 @@ def paged_decode_attention(
         impl = triton_kernels().paged_decode_attention_triton
     elif uses_cpu_kernel(q, k_cache, k_scale):
         impl = cpu_kernels().paged_decode_attention_cpu
+    elif uses_cpu_f32_kernel(q, k_cache, k_scale):
+        impl = cpu_kernels().paged_decode_attention_f32
     else:
         impl = paged_decode_attention_reference
     return impl(q, k_cache, v_cache, block_tables, seq_lens, scale, k_scale, v_scale)
@@ -134,6 +138,8 @@ def paged_prefill_attention(
         impl = triton_kernels().paged_prefill_attention_triton
     elif uses_cpu_kernel(q, k_cache, k_scale):
         impl = cpu_kernels().paged_prefill_attention_cpu
+    elif uses_cpu_f32_kernel(q, k_cache, k_scale):
+        impl = cpu_kernels().paged_prefill_attention_f32
     else:
         impl = paged_prefill_attention_reference
     return impl(

@@ -1,7 +1,7 @@
-"""Choosing the implementation: Triton for CUDA tensors; on CPU the compiled attention kernel
-where it applies (bf16 queries over a bf16, int8 or fp8 pool on an AVX512-BF16 CPU, see
-``prefixcache.kernels.cpu``)
-and the pure-torch reference elsewhere.
+"""Choosing the implementation: Triton for CUDA tensors; on CPU the compiled attention kernels
+where they apply (bf16 queries over a bf16, int8 or fp8 pool on an AVX512-BF16 CPU; float32
+queries over a float32 pool on an AVX2/FMA CPU; see ``prefixcache.kernels.cpu``) and the
+pure-torch reference elsewhere.
 
 The backend is "auto" by default (the rule above). ``PREFIXCACHE_KERNELS=triton|reference``
 or ``kernel_backend("triton")`` overrides it ("reference": the pure-torch path everywhere).
@@ -64,6 +64,17 @@ def uses_cpu_kernel(
 ) -> bool:
     """Whether attention on these inputs runs the compiled CPU kernel ("auto" only)."""
     return _backend == "auto" and not q.is_cuda and cpu_kernels().cpu_kernel_supports(
+        q, k_cache, k_scale
+    )
+
+
+def uses_cpu_f32_kernel(
+    q: torch.Tensor,  # [tokens, num_heads, head_dim]
+    k_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
+    k_scale: torch.Tensor | None,
+) -> bool:
+    """Whether attention on these inputs runs the compiled float32 CPU kernel ("auto" only)."""
+    return _backend == "auto" and not q.is_cuda and cpu_kernels().f32_kernel_supports(
         q, k_cache, k_scale
     )
 

@@ -11,8 +11,10 @@ into decoder layers, a run of layers per call (``decoder_layer``), whose time pe
 and AVX512-BF16, gcc; ``PREFIXCACHE_CPU_KERNELS=0`` turns them off); ``cpu_kernel_supports``
 whether a given call qualifies (bf16 queries over a bf16, or a scaled int8 / fp8, pool).
 ``cpu_model_ops_support`` whether tensors qualify for the elementwise ops (CPU bf16).
-Otherwise use the references in ``prefixcache.kernels.reference``, which have the same
-signatures.
+A float32 engine's attention has a kernel of its own, built for AVX2 and FMA only
+(``paged_attention_f32``: ``f32_attention_available``, ``f32_kernel_supports``), so it runs on
+CPUs without AVX-512 too. Otherwise use the references in ``prefixcache.kernels.reference``,
+which have the same signatures.
 """
 
 from __future__ import annotations
@@ -46,6 +48,12 @@ from prefixcache.kernels.cpu.paged_attention import (
     paged_decode_attention_cpu,
     paged_prefill_attention_cpu,
 )
+from prefixcache.kernels.cpu.paged_attention_f32 import (
+    f32_attention_available,
+    f32_kernel_supports,
+    paged_decode_attention_f32,
+    paged_prefill_attention_f32,
+)
 from prefixcache.kernels.cpu.phase_profile import PHASES, bf16_dot_peak, phase_profile
 
 __all__ = [
@@ -64,12 +72,16 @@ __all__ = [
     "cpu_linear_supports",
     "cpu_model_ops_support",
     "decoder_layers_cpu",
+    "f32_attention_available",
+    "f32_kernel_supports",
     "fused_layer_supported",
     "greedy_screen_available",
     "huge_pages_available",
     "linear_cpu",
     "paged_decode_attention_cpu",
+    "paged_decode_attention_f32",
     "paged_prefill_attention_cpu",
+    "paged_prefill_attention_f32",
     "phase_profile",
     "rms_norm_cpu",
     "screened_argmax",

@@ -1,17 +1,19 @@
-"""Compile the CPU kernels (``paged_attention.c``, ``model_ops.c``, ``linear.c``,
-``greedy_screen.c``, ``decoder_layer.c``) with the system gcc at first use and load them, as
-one shared library, with ctypes.
+"""Compile the CPU kernels with the system gcc at first use and load them with ctypes, as two
+shared libraries: the AVX-512/BF16 one (``paged_attention.c``, ``model_ops.c``, ``linear.c``,
+``greedy_screen.c``, ``decoder_layer.c``; ``load_library()``) and the AVX2/FMA one for float32
+(``paged_attention_f32.c``; ``load_f32_library()``), each built only where the CPU has its
+instruction sets.
 
-The shared library is cached as ``$XDG_CACHE_HOME/prefixcache/kernels/<hash>.so`` (default
-``~/.cache``), the hash covering the sources and headers, the compiler command and version, the
-CPU flags and the OpenMP runtime it links; it is written to a temporary file and renamed into
-place, so concurrent processes never see a partial file. The library is linked against the
+A shared library is cached as ``$XDG_CACHE_HOME/prefixcache/kernels/<name>-<hash>.so``
+(default ``~/.cache``), the hash covering the sources and headers, the compiler command and
+version, the CPU flags and the OpenMP runtime it links; it is written to a temporary file and
+renamed into place, so concurrent processes never see a partial file. It is linked against the
 OpenMP runtime torch itself loaded (the ``libgomp`` bundled in pip wheels), so torch and the
 kernels share one thread pool instead of two runtimes spinning against each other.
 
-``load_library()`` returns the loaded library or None, never raises; the reason it is None is
-logged once at debug level. ``PREFIXCACHE_CPU_KERNELS=0`` (read when the kernels are first
-asked for) disables the kernels.
+``load_library()`` / ``load_f32_library()`` return the loaded library or None, never raise;
+the reason it is None is logged once at debug level. ``PREFIXCACHE_CPU_KERNELS=0`` (read when
+the kernels are first asked for) disables both.
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ import shutil
 import subprocess
 import tempfile
 import threading
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -49,9 +53,25 @@ COMPILE_FLAGS = (
     "-O3", "-fPIC", "-std=gnu11", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq",
     "-mavx512bf16", "-mfma", "-fopenmp", "-fschedule-insns", "-fsched-pressure",
 )  # fmt: skip
+F32_SOURCES = (_HERE / "paged_attention_f32.c",)
+F32_REQUIRED_CPU_FLAGS = ("avx2", "fma")
+F32_COMPILE_FLAGS = ("-O3", "-fPIC", "-std=gnu11", "-mavx2", "-mfma", "-fopenmp")
+
+
+@dataclass(frozen=True)
+class LibrarySpec:
+    """One shared library: what it is built from, with what, and for which CPUs."""
+
+    name: str
+    sources: tuple[Path, ...]
+    headers: tuple[Path, ...]
+    flags: tuple[str, ...]
+    required_cpu_flags: tuple[str, ...]
+    declare: Callable[[ctypes.CDLL], None]
+
 
 _lock = threading.Lock()
-_state: dict[str, object] = {}  # "lib": CDLL | None once tried, "reason": str
+_state: dict[str, dict[str, object]] = {}  # per library: "lib": CDLL | None, "reason": str
 
 
 @functools.cache
@@ -103,15 +123,15 @@ def _run(cmd: list[str]) -> None:
         raise RuntimeError(f"{' '.join(cmd)} failed: {done.stderr.strip()[-2000:]}")
 
 
-def _compile(gcc: str, gomp: Path | None, target: Path) -> None:
+def _compile(spec: LibrarySpec, gcc: str, gomp: Path | None, target: Path) -> None:
     """Compile and link into ``target`` atomically (temporary file, then rename)."""
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=target.stem, suffix=".tmp")
     os.close(fd)
-    objects = [f"{tmp}.{source.stem}.o" for source in SOURCES]
+    objects = [f"{tmp}.{source.stem}.o" for source in spec.sources]
     try:
-        for source, obj in zip(SOURCES, objects, strict=True):
-            _run([gcc, *COMPILE_FLAGS, "-c", str(source), "-o", obj])
+        for source, obj in zip(spec.sources, objects, strict=True):
+            _run([gcc, *spec.flags, "-c", str(source), "-o", obj])
         # link the exact runtime torch loaded (same soname, so one copy at run time)
         link = ["-fopenmp"] if gomp is None else [str(gomp), f"-Wl,-rpath,{gomp.parent}"]
         _run([gcc, "-shared", *objects, *link, "-lm", "-o", tmp])
@@ -123,10 +143,10 @@ def _compile(gcc: str, gomp: Path | None, target: Path) -> None:
                 os.remove(path)
 
 
-def _build() -> ctypes.CDLL:
+def _build(spec: LibrarySpec) -> ctypes.CDLL:
     if platform.system() != "Linux" or platform.machine().lower() not in ("x86_64", "amd64"):
         raise RuntimeError(f"needs x86-64 Linux, not {platform.system()} {platform.machine()}")
-    missing = [flag for flag in REQUIRED_CPU_FLAGS if flag not in cpu_flags()]
+    missing = [flag for flag in spec.required_cpu_flags if flag not in cpu_flags()]
     if missing:
         raise RuntimeError(f"CPU lacks {', '.join(missing)}")
     gcc = shutil.which("gcc")
@@ -137,21 +157,21 @@ def _build() -> ctypes.CDLL:
     ).stdout.strip()
     gomp = torch_openmp_runtime()
     key = hashlib.sha256()
-    sources = (path.read_bytes() for path in (*SOURCES, *HEADERS))
-    parts = (*sources, gcc, version, " ".join(COMPILE_FLAGS), " ".join(sorted(cpu_flags())),
+    sources = (path.read_bytes() for path in (*spec.sources, *spec.headers))
+    parts = (*sources, gcc, version, " ".join(spec.flags), " ".join(sorted(cpu_flags())),
              str(gomp))  # fmt: skip
     for part in parts:
         key.update(part if isinstance(part, bytes) else part.encode())
         key.update(b"\0")
-    target = cache_dir() / f"cpu_kernels-{key.hexdigest()[:24]}.so"
+    target = cache_dir() / f"{spec.name}-{key.hexdigest()[:24]}.so"
     if not target.exists():
         try:
-            _compile(gcc, gomp, target)
+            _compile(spec, gcc, gomp, target)
         except OSError:  # cache not writable: build in a private temporary folder
             target = Path(tempfile.mkdtemp(prefix="prefixcache-kernels-")) / target.name
-            _compile(gcc, gomp, target)
+            _compile(spec, gcc, gomp, target)
     lib = ctypes.CDLL(str(target))
-    _declare(lib)
+    spec.declare(lib)
     return lib
 
 
@@ -221,26 +241,58 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.pc_work_runs_stress.argtypes = [i64, i32, i32, ptr]  # n, runs, repeats, taken int32[n]
 
 
-def load_library() -> ctypes.CDLL | None:
-    """The compiled kernel library, or None when unavailable (reason logged once)."""
+def _declare_f32(lib: ctypes.CDLL) -> None:
+    ptr, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
+    lib.pa_f32_attention.restype = i32
+    lib.pa_f32_attention.argtypes = [
+        ptr, i64, i64, ptr, i64, i64, ptr, i64, i64,  # q, k, v with token and head strides
+        ptr, ptr, i64,  # k_cache, v_cache, num_blocks
+        ptr, i64, i64,  # block_tables, row stride, max_blocks
+        ptr, ptr, i32, i64,  # starts (NULL: decode), lens, num_seqs, num_tokens
+        ptr, i64, i64,  # out, token stride, head stride
+        i32, i32, i32, i32,  # num_heads, num_kv_heads, head_dim, block_size
+        ctypes.c_float, i32,  # scale, num_threads
+    ]  # fmt: skip
+
+
+AVX512_LIBRARY = LibrarySpec(
+    "cpu_kernels", SOURCES, HEADERS, COMPILE_FLAGS, REQUIRED_CPU_FLAGS, _declare
+)
+F32_LIBRARY = LibrarySpec(
+    "cpu_kernels_f32", F32_SOURCES, (), F32_COMPILE_FLAGS, F32_REQUIRED_CPU_FLAGS, _declare_f32
+)
+
+
+def _load(spec: LibrarySpec) -> ctypes.CDLL | None:
     if not kernels_enabled():
         return None
-    if "lib" in _state:
-        return _state["lib"]  # type: ignore[return-value]
+    state = _state.get(spec.name)
+    if state is not None:
+        return state["lib"]  # type: ignore[return-value]
     with _lock:
-        if "lib" not in _state:
+        if spec.name not in _state:
             try:
-                _state["lib"] = _build()
+                _state[spec.name] = {"lib": _build(spec)}
             except Exception as exc:  # unavailable, never fatal
-                _state["lib"] = None
-                _state["reason"] = str(exc)
-                log.debug("CPU attention kernels unavailable: %s", exc)
-        return _state["lib"]  # type: ignore[return-value]
+                _state[spec.name] = {"lib": None, "reason": str(exc)}
+                log.debug("CPU kernels %s unavailable: %s", spec.name, exc)
+        return _state[spec.name]["lib"]  # type: ignore[return-value]
 
 
-def unavailable_reason() -> str | None:
-    """Why ``load_library()`` returned None, if it did."""
+def load_library() -> ctypes.CDLL | None:
+    """The compiled AVX-512/BF16 kernel library, or None when unavailable (reason logged
+    once)."""
+    return _load(AVX512_LIBRARY)
+
+
+def load_f32_library() -> ctypes.CDLL | None:
+    """The compiled AVX2/FMA float32 attention library, or None when unavailable."""
+    return _load(F32_LIBRARY)
+
+
+def unavailable_reason(spec: LibrarySpec = AVX512_LIBRARY) -> str | None:
+    """Why the library of ``spec`` (default: the AVX-512 one) did not load, if it did not."""
     if not kernels_enabled():
         return "disabled by PREFIXCACHE_CPU_KERNELS=0"
-    load_library()
-    return _state.get("reason")  # type: ignore[return-value]
+    _load(spec)
+    return _state[spec.name].get("reason")  # type: ignore[return-value]

@@ -1,0 +1,302 @@
+/*
+ * Paged attention in float32 for x86-64 CPUs with AVX2 and FMA: float32 queries over a
+ * float32 KV pool, the engine's path when it computes in float32 (its default on CPUs without
+ * native bf16 dot products, such as AMD Zen 2/3 and most Intel client chips). No AVX-512.
+ *
+ * Flash-attention style: online softmax in float32, the score matrix is never materialized.
+ * The query rows of a kv head are (query token, query head of the group) pairs, so a GQA
+ * group's heads share one read of K/V. Rows sit in the vector lanes (8 a ymm, a tile of RV
+ * ymm = 8 or 16 rows), so keys and values are read straight from the pool, one float at a
+ * time, as broadcasts, and nothing of the pool is ever transposed or copied:
+ *
+ *   S[j] (8 rows a ymm)   = sum_d Qt[d] * k_j[d]      (Qt: the tile's queries transposed,
+ *                                                      scaled by scale * log2 e)
+ *   online softmax on S, per lane (exp2 polynomial)
+ *   Ot[d] (8 rows a ymm) += sum_j P[j] * v_j[d]       (Ot: the output transposed, in L1)
+ *
+ * so the softmax's row maxima and sums are lane-wise vector operations. A tile of 16 rows
+ * scores 6 keys at a time (12 accumulators) and updates 4 output dims at a time (8); a tile of
+ * 8 rows (decode: a group of up to 8 query heads) 12 keys and 8 dims.
+ *
+ * Key j of a sequence is cache token j for j < ncache (found through the block table), else
+ * new token (qs + j - ncache) of k/v. Query token t sees keys [0, lim0 + t): prefill
+ * lim0 = ncache + 1 (the cached keys and itself), decode lim0 = the sequence's cached length.
+ * Work items are row tiles of one (sequence, kv head), taken dynamically by the threads.
+ */
+#include <immintrin.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+
+#define KB 48      /* keys per online-softmax step: a multiple of 6 and of 12 */
+#define MAX_D 256  /* largest head_dim (a multiple of 8) */
+#define TILE 16    /* rows of the widest tile (RV = 2 ymm) */
+#define LOG2E 1.44269504088896341f
+
+#define INLINE static inline __attribute__((always_inline))
+
+typedef struct {
+    int64_t qs; /* row of the sequence's first query token in q / out / k / v */
+    int nq;     /* query tokens */
+    int ncache; /* keys read from the cache */
+    int lim0;   /* keys visible to query token 0 */
+} seq_info;
+
+typedef struct {
+    int seq, kh, r0, r1; /* rows [r0, r1) of kv head kh of sequence seq (at most TILE) */
+} tile_item;
+
+typedef struct {
+    const float *q, *k, *v, *k_cache, *v_cache;
+    int64_t q_tok, q_head, k_tok, k_head, v_tok, v_head, o_tok, o_head;
+    const int32_t *block_tables;
+    int64_t bt_row;
+    float *out;
+    const seq_info *seqs;
+    int num_kv_heads, group, head_dim, block_size;
+    float qscale; /* scale * log2 e */
+} attention_args;
+
+/* 2^x, lane-wise: 2^round(x) * p(x - round(x)) with a degree-6 polynomial on [-0.5, 0.5]
+ * (relative error ~2e-7); x below -126 (including -inf) gives exactly 0, x must not be NaN
+ * or above 127. */
+INLINE __m256 exp2_avx2(__m256 x) {
+    const __m256 visible = _mm256_cmp_ps(x, _mm256_set1_ps(-126.0f), _CMP_GE_OQ);
+    x = _mm256_max_ps(x, _mm256_set1_ps(-126.0f));
+    const __m256 n = _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const __m256 f = _mm256_sub_ps(x, n);
+    __m256 p = _mm256_set1_ps(1.5353362e-4f);
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.3398874e-3f));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(9.6181291e-3f));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(5.5504109e-2f));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(2.4022651e-1f));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(6.9314718e-1f));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0f));
+    const __m256i bits = _mm256_slli_epi32(_mm256_cvtps_epi32(n), 23);
+    const __m256 scaled = _mm256_castsi256_ps(_mm256_add_epi32(_mm256_castps_si256(p), bits));
+    return _mm256_and_ps(scaled, visible);
+}
+
+/* The pool row (or new-token row) of key j of kv head kh of sequence s. */
+INLINE const float *key_row(const attention_args *a, const float *cache, const float *fresh,
+                            int64_t fresh_tok, int64_t fresh_head, int s, int kh, int j) {
+    const seq_info *si = &a->seqs[s];
+    if (j < si->ncache) {
+        const int64_t block = a->block_tables[(int64_t)s * a->bt_row + j / a->block_size];
+        const int64_t slot = block * a->block_size + j % a->block_size;
+        return cache + (slot * a->num_kv_heads + kh) * a->head_dim;
+    }
+    return fresh + (si->qs + j - si->ncache) * fresh_tok + kh * fresh_head;
+}
+
+/* One row tile: RV ymm of rows (8 * RV lanes), NKQ keys scored at a time, NDV output dims
+ * updated at a time (RV * NKQ and RV * NDV accumulators). */
+INLINE void attend_tile(const attention_args *a, const tile_item *it, const int RV,
+                        const int NKQ, const int NDV) {
+    const int D = a->head_dim, group = a->group, lanes = 8 * RV;
+    const seq_info *si = &a->seqs[it->seq];
+    const int n = it->r1 - it->r0;
+    float qt[MAX_D * TILE] __attribute__((aligned(32)));  /* [D][lanes] */
+    float ot[MAX_D * TILE] __attribute__((aligned(32)));  /* [D][lanes] */
+    float sp[KB * TILE] __attribute__((aligned(32)));     /* [KB][lanes]: scores, then P */
+    static const float zero_row[MAX_D] __attribute__((aligned(32)));
+    int32_t lim[TILE] __attribute__((aligned(32)));
+    const float *krow[KB], *vrow[KB];
+
+    for (int i = 0; i < lanes; i++) { /* lanes past the tile repeat its last row */
+        const int row = it->r0 + (i < n ? i : n - 1), t = row / group;
+        const int head = it->kh * group + row % group;
+        const float *src = a->q + (si->qs + t) * a->q_tok + head * a->q_head;
+        for (int d = 0; d < D; d++) qt[d * lanes + i] = src[d] * a->qscale;
+        lim[i] = si->lim0 + t;
+    }
+    for (int i = 0; i < D * lanes; i++) ot[i] = 0.0f;
+    const int lim_min = lim[0], lim_max = lim[lanes - 1];
+    __m256 m[2], l[2];
+    __m256i limv[2];
+    for (int rv = 0; rv < RV; rv++) {
+        m[rv] = _mm256_set1_ps(-INFINITY);
+        l[rv] = _mm256_setzero_ps();
+        limv[rv] = _mm256_load_si256((const __m256i *)(lim + 8 * rv));
+    }
+
+    for (int kb0 = 0; kb0 < lim_max; kb0 += KB) {
+        const int nk = lim_max - kb0 < KB ? lim_max - kb0 : KB;
+        const int nkp = (nk + NKQ - 1) / NKQ * NKQ; /* keys scored, padded with zero rows */
+        for (int j = 0; j < nkp; j++) {
+            if (j < nk) {
+                krow[j] = key_row(a, a->k_cache, a->k, a->k_tok, a->k_head, it->seq, it->kh,
+                                  kb0 + j);
+                vrow[j] = key_row(a, a->v_cache, a->v, a->v_tok, a->v_head, it->seq, it->kh,
+                                  kb0 + j);
+            } else {
+                krow[j] = vrow[j] = zero_row;
+            }
+        }
+        /* S = Qt . K: NKQ keys x RV row vectors at a time */
+        for (int j0 = 0; j0 < nkp; j0 += NKQ) {
+            __m256 acc[12][2];
+            for (int j = 0; j < NKQ; j++)
+                for (int rv = 0; rv < RV; rv++) acc[j][rv] = _mm256_setzero_ps();
+            for (int d = 0; d < D; d++) {
+                __m256 qv[2];
+                for (int rv = 0; rv < RV; rv++) qv[rv] = _mm256_load_ps(qt + d * lanes + 8 * rv);
+                for (int j = 0; j < NKQ; j++) {
+                    const __m256 kd = _mm256_broadcast_ss(krow[j0 + j] + d);
+                    for (int rv = 0; rv < RV; rv++)
+                        acc[j][rv] = _mm256_fmadd_ps(qv[rv], kd, acc[j][rv]);
+                }
+            }
+            for (int j = 0; j < NKQ; j++)
+                for (int rv = 0; rv < RV; rv++)
+                    _mm256_store_ps(sp + (j0 + j) * lanes + 8 * rv, acc[j][rv]);
+        }
+        /* keys past a row's limit (and the padding) score -inf */
+        if (kb0 + nkp > lim_min) {
+            for (int j = 0; j < nkp; j++) {
+                const __m256i key = _mm256_set1_epi32(kb0 + j);
+                for (int rv = 0; rv < RV; rv++) {
+                    const __m256 seen = _mm256_castsi256_ps(_mm256_cmpgt_epi32(limv[rv], key));
+                    float *s = sp + j * lanes + 8 * rv;
+                    _mm256_store_ps(s, _mm256_blendv_ps(_mm256_set1_ps(-INFINITY),
+                                                        _mm256_load_ps(s), seen));
+                }
+            }
+        }
+        /* online softmax, lane-wise; every row sees key 0, so m is finite after block 0 */
+        __m256 alpha[2];
+        for (int rv = 0; rv < RV; rv++) {
+            __m256 bm = _mm256_set1_ps(-INFINITY);
+            for (int j = 0; j < nkp; j++) bm = _mm256_max_ps(bm, _mm256_load_ps(sp + j * lanes + 8 * rv));
+            const __m256 m_new = _mm256_max_ps(m[rv], bm);
+            alpha[rv] = exp2_avx2(_mm256_sub_ps(m[rv], m_new));
+            __m256 sum = _mm256_setzero_ps();
+            for (int j = 0; j < nkp; j++) {
+                float *s = sp + j * lanes + 8 * rv;
+                const __m256 p = exp2_avx2(_mm256_sub_ps(_mm256_load_ps(s), m_new));
+                _mm256_store_ps(s, p);
+                sum = _mm256_add_ps(sum, p);
+            }
+            l[rv] = _mm256_fmadd_ps(l[rv], alpha[rv], sum);
+            m[rv] = m_new;
+        }
+        /* Ot = alpha Ot + P V: NDV dims x RV row vectors at a time */
+        for (int d0 = 0; d0 < D; d0 += NDV) {
+            __m256 acc[8][2];
+            for (int d = 0; d < NDV; d++)
+                for (int rv = 0; rv < RV; rv++)
+                    acc[d][rv] = _mm256_mul_ps(_mm256_load_ps(ot + (d0 + d) * lanes + 8 * rv),
+                                               alpha[rv]);
+            for (int j = 0; j < nkp; j++) {
+                __m256 p[2];
+                for (int rv = 0; rv < RV; rv++) p[rv] = _mm256_load_ps(sp + j * lanes + 8 * rv);
+                for (int d = 0; d < NDV; d++) {
+                    const __m256 vd = _mm256_broadcast_ss(vrow[j] + d0 + d);
+                    for (int rv = 0; rv < RV; rv++)
+                        acc[d][rv] = _mm256_fmadd_ps(p[rv], vd, acc[d][rv]);
+                }
+            }
+            for (int d = 0; d < NDV; d++)
+                for (int rv = 0; rv < RV; rv++)
+                    _mm256_store_ps(ot + (d0 + d) * lanes + 8 * rv, acc[d][rv]);
+        }
+    }
+
+    float inv[TILE] __attribute__((aligned(32)));
+    for (int rv = 0; rv < RV; rv++)
+        _mm256_store_ps(inv + 8 * rv, _mm256_div_ps(_mm256_set1_ps(1.0f), l[rv]));
+    for (int i = 0; i < n; i++) {
+        const int row = it->r0 + i, t = row / group, head = it->kh * group + row % group;
+        float *dst = a->out + (si->qs + t) * a->o_tok + head * a->o_head;
+        for (int d = 0; d < D; d++) dst[d] = ot[d * lanes + i] * inv[i];
+    }
+}
+
+static void run_tile(const attention_args *a, const tile_item *it) {
+    if (it->r1 - it->r0 > 8)
+        attend_tile(a, it, 2, 6, 4);
+    else
+        attend_tile(a, it, 1, 12, 8);
+}
+
+/*
+ * out[t, h, :] = softmax(scale * q[t, h] . keys) . values over the keys query token t sees.
+ *
+ * q [num_tokens, num_heads, head_dim], k / v [num_tokens, num_kv_heads, head_dim] (the new
+ * tokens' keys and values, prefill only), out [num_tokens, num_heads, head_dim]: float32
+ * with the given token and head strides and unit stride along head_dim. k_cache / v_cache
+ * [num_blocks, block_size, num_kv_heads, head_dim] float32, contiguous. block_tables int32
+ * [num_seqs, >= max_blocks] with row stride bt_row.
+ * Prefill (starts != NULL): sequence s has query tokens [starts[s], starts[s + 1]) after
+ * lens[s] cached ones; token t of it sees the cached keys and the new ones up to itself.
+ * Decode (starts == NULL): sequence s has query token s, which sees its lens[s] cached keys
+ * (the current token's among them); with lens[s] == 0 its output is 0.
+ * Returns 0, or -1 bad starts, -2 a bad length, -3 block_tables too narrow, -4 a block id
+ * outside [0, num_blocks), -5 out of memory.
+ */
+int pa_f32_attention(const float *q, int64_t q_tok, int64_t q_head, const float *k,
+                     int64_t k_tok, int64_t k_head, const float *v, int64_t v_tok,
+                     int64_t v_head, const float *k_cache, const float *v_cache,
+                     int64_t num_blocks, const int32_t *block_tables, int64_t bt_row,
+                     int64_t max_blocks, const int32_t *starts, const int32_t *lens,
+                     int num_seqs, int64_t num_tokens, float *out, int64_t o_tok,
+                     int64_t o_head, int num_heads, int num_kv_heads, int head_dim,
+                     int block_size, float scale, int num_threads) {
+    seq_info *seqs = malloc(sizeof(seq_info) * (size_t)(num_seqs > 0 ? num_seqs : 1));
+    if (!seqs) return -5;
+    const int group = num_heads / num_kv_heads;
+    int64_t num_items = 0;
+    int status = 0;
+    for (int s = 0; s < num_seqs && !status; s++) {
+        seq_info *si = &seqs[s];
+        if (starts) {
+            if (starts[s] < 0 || starts[s + 1] < starts[s] || starts[s + 1] > num_tokens)
+                status = -1;
+            si->qs = starts[s];
+            si->nq = starts[s + 1] - starts[s];
+            si->ncache = lens[s];
+            si->lim0 = lens[s] + 1;
+            if (lens[s] < 0) status = -2;
+        } else { /* a sequence with nothing cached attends to nothing: its output is 0 */
+            si->qs = s;
+            si->nq = lens[s] > 0;
+            si->ncache = si->lim0 = lens[s];
+            if (lens[s] < 0 || s >= num_tokens) status = -2;
+            for (int h = 0; h < num_heads && !status && !si->nq; h++)
+                for (int d = 0; d < head_dim; d++) out[s * o_tok + h * o_head + d] = 0.0f;
+        }
+        if (status) break;
+        const int64_t used = ((int64_t)si->ncache + block_size - 1) / block_size;
+        if (used > max_blocks) status = -3;
+        for (int64_t b = 0; b < used && !status; b++) {
+            const int32_t id = block_tables[(int64_t)s * bt_row + b];
+            if (id < 0 || id >= num_blocks) status = -4;
+        }
+        if (si->nq > 0) num_items += num_kv_heads * (((int64_t)si->nq * group + TILE - 1) / TILE);
+    }
+    tile_item *items = status ? NULL : malloc(sizeof(tile_item) * (size_t)(num_items + 1));
+    if (!status && !items) status = -5;
+    if (status) {
+        free(seqs);
+        free(items);
+        return status;
+    }
+    int64_t next = 0;
+    for (int s = 0; s < num_seqs; s++) {
+        const int rows = seqs[s].nq * group;
+        for (int kh = 0; kh < num_kv_heads; kh++)
+            for (int r0 = 0; r0 < rows; r0 += TILE)
+                items[next++] = (tile_item){s, kh, r0, r0 + TILE < rows ? r0 + TILE : rows};
+    }
+    const attention_args args = {
+        q, k, v, k_cache, v_cache, q_tok, q_head, k_tok, k_head, v_tok, v_head, o_tok, o_head,
+        block_tables, bt_row, out, seqs, num_kv_heads, group, head_dim, block_size,
+        scale * LOG2E,
+    };
+    /* costliest first (the most keys), so the dynamic schedule ends evenly */
+#pragma omp parallel for schedule(dynamic, 1) num_threads(num_threads)
+    for (int64_t i = 0; i < num_items; i++) run_tile(&args, &items[num_items - 1 - i]);
+    free(items);
+    free(seqs);
+    return 0;
+}
