@@ -12,7 +12,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from prefixcache.kernels.cpu import cpu_linear_supports
+from prefixcache.kernels.cpu import (
+    cpu_linear_supports,
+    f32_attention_available,
+    f32_linear_supports,
+)
 
 BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
 
@@ -115,3 +119,27 @@ def test_stream_text_quick(tmp_path):
     for row in result["results"].values():
         assert row["new_tokens_us"] > 0 and row["whole_us"] > 0
         assert math.isclose(row["new_over_whole"], row["new_tokens_us"] / row["whole_us"])
+
+
+@pytest.mark.skipif(not f32_attention_available(), reason="no float32 CPU attention kernel here")
+def test_cpu_attention_f32_quick(tmp_path):
+    result = run_quick("cpu_attention_f32.py", tmp_path / "f32.json")
+    assert result["meta"]["dtype"] == "float32"
+    assert [case["case"] for case in result["cases"]] == [
+        "cold prefill, 1,637 tokens",
+        "64 new over 1,637 cached",
+        "decode, 32 sequences x 300-400",
+        "decode, 1 sequence x 1,701",
+    ]
+    for case in result["cases"]:
+        assert case["kernel_s"] > 0 and case["reference_s"] > 0 and case["kernel_gflops"] > 0
+
+
+@pytest.mark.skipif(
+    not f32_linear_supports(torch.zeros(2, 2)), reason="no float32 CPU GEMM here"
+)
+def test_cpu_linear_f32_quick(tmp_path):
+    result = run_quick("cpu_linear_f32.py", tmp_path / "linear_f32.json")
+    assert result["meta"]["layers"] == 2
+    assert [row["rows"] for row in result["rows"]] == [1, 32, 64, 1637]
+    assert all(row["compiled_s"] > 0 and row["onednn_s"] > 0 for row in result["rows"])

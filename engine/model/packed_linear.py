@@ -8,7 +8,13 @@ every call; a pre-packed weight skips that. Two kernels hold packed weights:
   a 2-core AVX-512 CPU, SmolLM2's projections with weights streamed from memory: 0.73x the time
   for one row (decode), 0.8-0.9x for 4-64 rows, 0.95-0.98x for long prefills. Sums run in
   another order than oneDNN's, so the last bf16 bit of an output may differ from ``F.linear``.
-* otherwise (float32, or no compiled kernels): oneDNN's own packed layout
+* float32 on a CPU with AVX2 and FMA (and gcc): the compiled float32 GEMM of
+  ``prefixcache.kernels.cpu.linear_f32`` (strips of 16 output columns), each output one FMA
+  chain in order, so a row's result does not depend on the rows beside it. Against oneDNN's
+  packed GEMM on a 2-core AMD Zen 3, SmolLM2's projections with weights streamed from
+  memory: 0.73x the time for one row, 0.81x for 32, 0.85x for 64, 1.06x for 1,637
+  (``benchmarks/cpu_linear_f32.py``);
+* otherwise (no compiled kernels, or the "reference" backend): oneDNN's own packed layout
   (``torch.ops.mkldnn._reorder_linear_weight``), bitwise-identical to ``F.linear``; measured in
   bf16: 0.45-0.66x the time at 1 row, 0.72-0.88x at 32-64 rows, 0.90-0.94x at 1,637 rows.
   oneDNN packs bf16 only on CPUs with AVX-512 (BW, VL, DQ) or AVX-NE-CONVERT; elsewhere (an
@@ -56,7 +62,8 @@ class PackedLinear(nn.Module):
     """``x @ weight.T + bias`` with ``weight`` held packed for a GEMM kernel.
 
     Contract: CPU only, float32 or bfloat16, input ``[num_rows, in_features]`` in the weight's
-    dtype. ``compiled`` says which kernel runs: the compiled bf16 GEMM (True) or oneDNN. The
+    dtype. ``compiled`` / ``compiled_f32`` say which kernel runs: the compiled bf16 GEMM, the
+    compiled float32 GEMM, or (both False) oneDNN. The
     packed weight is a tensor outside ``state_dict``, set once, here: to change a projection,
     assign a new ``PackedLinear`` (the model's cached fused-layer plan follows module
     assignments, not writes to ``packed``).
@@ -69,11 +76,17 @@ class PackedLinear(nn.Module):
         self.out_features, self.in_features = weight.shape
         weight = weight.detach()
         # the backend is chosen once, at load ("reference" keeps the bitwise oneDNN path)
-        self.compiled = get_kernel_backend() == "auto" and cpu_kernels().cpu_linear_supports(
+        auto = get_kernel_backend() == "auto"
+        self.compiled = auto and cpu_kernels().cpu_linear_supports(weight)
+        # the float32 GEMM (AVX2/FMA): its own flag, `compiled` stays the bf16 GEMM's
+        self.compiled_f32 = auto and not self.compiled and cpu_kernels().f32_linear_supports(
             weight
         )
-        if self.compiled:
-            self.packed = pack_linear_weight(weight)  # [ceil(out / 64), in / 2, 64, 2]
+        if self.compiled or self.compiled_f32:
+            if self.compiled:
+                self.packed = pack_linear_weight(weight)  # [ceil(out / 64), in / 2, 64, 2]
+            else:
+                self.packed = cpu_kernels().pack_f32_weight(weight)  # [ceil(out / 16), in, 16]
             if arena is not None:
                 self.packed = arena.copy(self.packed)
         else:
@@ -84,12 +97,15 @@ class PackedLinear(nn.Module):
         """`x` `[num_rows, in_features]` -> `[num_rows, out_features]`."""
         if self.compiled:
             return cpu_kernels().linear_cpu(x, self.packed, self.out_features, self.bias)
+        if self.compiled_f32:
+            return cpu_kernels().linear_f32(x, self.packed, self.out_features, self.bias)
         return torch.ops.mkldnn._linear_pointwise(
             x.contiguous(), self.packed, self.bias, "none", [], ""
         )
 
     def extra_repr(self) -> str:
         kernel = "compiled bf16 GEMM" if self.compiled else "oneDNN"
+        kernel = "compiled float32 GEMM" if self.compiled_f32 else kernel
         return f"in_features={self.in_features}, out_features={self.out_features}, {kernel}"
 
 

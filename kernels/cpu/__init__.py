@@ -11,9 +11,10 @@ into decoder layers, a run of layers per call (``decoder_layer``), whose time pe
 and AVX512-BF16, gcc; ``PREFIXCACHE_CPU_KERNELS=0`` turns them off); ``cpu_kernel_supports``
 whether a given call qualifies (bf16 queries over a bf16, or a scaled int8 / fp8, pool).
 ``cpu_model_ops_support`` whether tensors qualify for the elementwise ops (CPU bf16).
-A float32 engine's attention has a kernel of its own, built for AVX2 and FMA only
-(``paged_attention_f32``: ``f32_attention_available``, ``f32_kernel_supports``), so it runs on
-CPUs without AVX-512 too. Otherwise use the references in ``prefixcache.kernels.reference``,
+A float32 engine's attention and projections have kernels of their own, built for AVX2 and
+FMA only (``paged_attention_f32``: ``f32_attention_available``, ``f32_kernel_supports``;
+``linear_f32``: ``f32_linear_supports``, ``pack_f32_weight``), so they run on CPUs without
+AVX-512 too. Otherwise use the references in ``prefixcache.kernels.reference``,
 which have the same signatures.
 """
 
@@ -32,6 +33,7 @@ from prefixcache.kernels.cpu.greedy_screen import (
 )
 from prefixcache.kernels.cpu.huge_pages import HugePageArena, huge_pages_available
 from prefixcache.kernels.cpu.linear import cpu_linear_supports, linear_cpu
+from prefixcache.kernels.cpu.linear_f32 import f32_linear_supports, linear_f32, pack_f32_weight
 from prefixcache.kernels.cpu.model_ops import (
     BlockCopier,
     add_rms_norm_cpu_,
@@ -74,10 +76,13 @@ __all__ = [
     "decoder_layers_cpu",
     "f32_attention_available",
     "f32_kernel_supports",
+    "f32_linear_supports",
     "fused_layer_supported",
     "greedy_screen_available",
     "huge_pages_available",
     "linear_cpu",
+    "linear_f32",
+    "pack_f32_weight",
     "paged_decode_attention_cpu",
     "paged_decode_attention_f32",
     "paged_prefill_attention_cpu",

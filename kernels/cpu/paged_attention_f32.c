@@ -6,7 +6,7 @@
  * Flash-attention style: online softmax in float32, the score matrix is never materialized.
  * The query rows of a kv head are (query token, query head of the group) pairs, so a GQA
  * group's heads share one read of K/V. Rows sit in the vector lanes (8 a ymm, a tile of RV
- * ymm = 8 or 16 rows), so keys and values are read straight from the pool, one float at a
+ * ymm = 8, 16 or 24 rows), so keys and values are read straight from the pool, one float at a
  * time, as broadcasts, and nothing of the pool is ever transposed or copied:
  *
  *   S[j] (8 rows a ymm)   = sum_d Qt[d] * k_j[d]      (Qt: the tile's queries transposed,
@@ -14,9 +14,10 @@
  *   online softmax on S, per lane (exp2 polynomial)
  *   Ot[d] (8 rows a ymm) += sum_j P[j] * v_j[d]       (Ot: the output transposed, in L1)
  *
- * so the softmax's row maxima and sums are lane-wise vector operations. A tile of 16 rows
- * scores 6 keys at a time (12 accumulators) and updates 4 output dims at a time (8); a tile of
- * 8 rows (decode: a group of up to 8 query heads) 12 keys and 8 dims.
+ * so the softmax's row maxima and sums are lane-wise vector operations. A tile of 24 rows
+ * scores 4 keys at a time and updates 4 output dims at a time (12 accumulators each); a tile
+ * of 16 rows 6 keys (12) and 4 dims (8); a tile of 8 rows (decode: a group of up to 8 query
+ * heads) 12 keys and 8 dims.
  *
  * Key j of a sequence is cache token j for j < ncache (found through the block table), else
  * new token (qs + j - ncache) of k/v. Query token t sees keys [0, lim0 + t): prefill
@@ -30,7 +31,7 @@
 
 #define KB 48      /* keys per online-softmax step: a multiple of 6 and of 12 */
 #define MAX_D 256  /* largest head_dim (a multiple of 8) */
-#define TILE 16    /* rows of the widest tile (RV = 2 ymm) */
+#define TILE 24    /* rows of the widest tile (RV = 3 ymm) */
 #define LOG2E 1.44269504088896341f
 
 #define INLINE static inline __attribute__((always_inline))
@@ -77,16 +78,25 @@ INLINE __m256 exp2_avx2(__m256 x) {
     return _mm256_and_ps(scaled, visible);
 }
 
-/* The pool row (or new-token row) of key j of kv head kh of sequence s. */
-INLINE const float *key_row(const attention_args *a, const float *cache, const float *fresh,
-                            int64_t fresh_tok, int64_t fresh_head, int s, int kh, int j) {
+/* The rows of keys [j0, j0 + n) of kv head kh of sequence s and of their values: pool rows
+ * (through the block table, one division for the run) for cached keys, else new-token rows. */
+INLINE void key_rows(const attention_args *a, int s, int kh, int j0, int n, const float **krow,
+                     const float **vrow) {
     const seq_info *si = &a->seqs[s];
-    if (j < si->ncache) {
-        const int64_t block = a->block_tables[(int64_t)s * a->bt_row + j / a->block_size];
-        const int64_t slot = block * a->block_size + j % a->block_size;
-        return cache + (slot * a->num_kv_heads + kh) * a->head_dim;
+    const int32_t *table = a->block_tables + (int64_t)s * a->bt_row;
+    const int64_t row = (int64_t)a->num_kv_heads * a->head_dim; /* floats per pool slot */
+    int block = j0 / a->block_size, slot = j0 % a->block_size, j = 0;
+    for (; j < n && j0 + j < si->ncache; j++) {
+        const int64_t at = ((int64_t)table[block] * a->block_size + slot) * row + kh * a->head_dim;
+        krow[j] = a->k_cache + at;
+        vrow[j] = a->v_cache + at;
+        if (++slot == a->block_size) slot = 0, block++;
     }
-    return fresh + (si->qs + j - si->ncache) * fresh_tok + kh * fresh_head;
+    for (; j < n; j++) {
+        const int64_t t = si->qs + j0 + j - si->ncache;
+        krow[j] = a->k + t * a->k_tok + kh * a->k_head;
+        vrow[j] = a->v + t * a->v_tok + kh * a->v_head;
+    }
 }
 
 /* One row tile: RV ymm of rows (8 * RV lanes), NKQ keys scored at a time, NDV output dims
@@ -112,8 +122,8 @@ INLINE void attend_tile(const attention_args *a, const tile_item *it, const int 
     }
     for (int i = 0; i < D * lanes; i++) ot[i] = 0.0f;
     const int lim_min = lim[0], lim_max = lim[lanes - 1];
-    __m256 m[2], l[2];
-    __m256i limv[2];
+    __m256 m[3], l[3];
+    __m256i limv[3];
     for (int rv = 0; rv < RV; rv++) {
         m[rv] = _mm256_set1_ps(-INFINITY);
         l[rv] = _mm256_setzero_ps();
@@ -123,23 +133,15 @@ INLINE void attend_tile(const attention_args *a, const tile_item *it, const int 
     for (int kb0 = 0; kb0 < lim_max; kb0 += KB) {
         const int nk = lim_max - kb0 < KB ? lim_max - kb0 : KB;
         const int nkp = (nk + NKQ - 1) / NKQ * NKQ; /* keys scored, padded with zero rows */
-        for (int j = 0; j < nkp; j++) {
-            if (j < nk) {
-                krow[j] = key_row(a, a->k_cache, a->k, a->k_tok, a->k_head, it->seq, it->kh,
-                                  kb0 + j);
-                vrow[j] = key_row(a, a->v_cache, a->v, a->v_tok, a->v_head, it->seq, it->kh,
-                                  kb0 + j);
-            } else {
-                krow[j] = vrow[j] = zero_row;
-            }
-        }
+        key_rows(a, it->seq, it->kh, kb0, nk, krow, vrow);
+        for (int j = nk; j < nkp; j++) krow[j] = vrow[j] = zero_row;
         /* S = Qt . K: NKQ keys x RV row vectors at a time */
         for (int j0 = 0; j0 < nkp; j0 += NKQ) {
-            __m256 acc[12][2];
+            __m256 acc[12][3];
             for (int j = 0; j < NKQ; j++)
                 for (int rv = 0; rv < RV; rv++) acc[j][rv] = _mm256_setzero_ps();
             for (int d = 0; d < D; d++) {
-                __m256 qv[2];
+                __m256 qv[3];
                 for (int rv = 0; rv < RV; rv++) qv[rv] = _mm256_load_ps(qt + d * lanes + 8 * rv);
                 for (int j = 0; j < NKQ; j++) {
                     const __m256 kd = _mm256_broadcast_ss(krow[j0 + j] + d);
@@ -164,7 +166,7 @@ INLINE void attend_tile(const attention_args *a, const tile_item *it, const int 
             }
         }
         /* online softmax, lane-wise; every row sees key 0, so m is finite after block 0 */
-        __m256 alpha[2];
+        __m256 alpha[3];
         for (int rv = 0; rv < RV; rv++) {
             __m256 bm = _mm256_set1_ps(-INFINITY);
             for (int j = 0; j < nkp; j++) bm = _mm256_max_ps(bm, _mm256_load_ps(sp + j * lanes + 8 * rv));
@@ -182,13 +184,13 @@ INLINE void attend_tile(const attention_args *a, const tile_item *it, const int 
         }
         /* Ot = alpha Ot + P V: NDV dims x RV row vectors at a time */
         for (int d0 = 0; d0 < D; d0 += NDV) {
-            __m256 acc[8][2];
+            __m256 acc[8][3];
             for (int d = 0; d < NDV; d++)
                 for (int rv = 0; rv < RV; rv++)
                     acc[d][rv] = _mm256_mul_ps(_mm256_load_ps(ot + (d0 + d) * lanes + 8 * rv),
                                                alpha[rv]);
             for (int j = 0; j < nkp; j++) {
-                __m256 p[2];
+                __m256 p[3];
                 for (int rv = 0; rv < RV; rv++) p[rv] = _mm256_load_ps(sp + j * lanes + 8 * rv);
                 for (int d = 0; d < NDV; d++) {
                     const __m256 vd = _mm256_broadcast_ss(vrow[j] + d0 + d);
@@ -213,7 +215,9 @@ INLINE void attend_tile(const attention_args *a, const tile_item *it, const int 
 }
 
 static void run_tile(const attention_args *a, const tile_item *it) {
-    if (it->r1 - it->r0 > 8)
+    if (it->r1 - it->r0 > 16)
+        attend_tile(a, it, 3, 4, 4);
+    else if (it->r1 - it->r0 > 8)
         attend_tile(a, it, 2, 6, 4);
     else
         attend_tile(a, it, 1, 12, 8);

@@ -1,5 +1,6 @@
 """Packed projections: oneDNN's (float32, or bf16 with the reference backend) give bitwise the
-same logits as plain ``F.linear``; the compiled bf16 GEMM gives them to bf16 rounding."""
+same logits as plain ``F.linear``; the compiled bf16 GEMM gives them to bf16 rounding, the
+compiled float32 GEMM to float32 rounding."""
 
 from __future__ import annotations
 
@@ -75,6 +76,22 @@ def test_compiled_bf16_gemm_gives_the_same_logits_to_rounding(
     assert all(m.compiled for m in modules)
     got, expected = logits_of(packed, config), logits_of(plain, config)
     assert (got - expected).abs().max() <= 0.02 * expected.abs().max()
+    assert torch.equal(got.argmax(-1), expected.argmax(-1))
+
+
+@pytest.mark.parametrize(("architecture", "overrides"), VARIANTS)
+def test_compiled_f32_gemm_gives_the_same_logits_to_rounding(
+    make_hf_folder, architecture, overrides
+):
+    if not cpu_kernels().f32_linear_supports(torch.zeros(2, 2)):
+        pytest.skip("the compiled float32 GEMM is unavailable on this machine")
+    config, packed, plain, modules = packed_and_plain(
+        make_hf_folder, architecture, overrides, torch.float32
+    )
+    assert all(m.compiled_f32 and not m.compiled for m in modules)
+    assert "compiled float32 GEMM" in repr(modules[0])
+    got, expected = logits_of(packed, config), logits_of(plain, config)
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
     assert torch.equal(got.argmax(-1), expected.argmax(-1))
 
 

@@ -1,0 +1,144 @@
+"""CPU paged attention in float32: the compiled AVX2/FMA kernel against the torch reference
+(gather by block table, then PyTorch's CPU SDPA), the path a float32 engine took before.
+
+SmolLM2-135M shapes (9 query heads over 3 kv heads, head_dim 64, block size 16, shuffled
+block ids), float32; the two variants timed alternately in one run, medians reported:
+
+1. cold prefill: one sequence, 1,637 new tokens, no cached context (causal);
+2. warm prefill: 64 new tokens over 1,637 cached tokens;
+3. batched decode: 32 sequences, one query each, 300-400 cached tokens each;
+4. decode of one sequence over 1,701 cached tokens.
+
+FLOPs: 4 * heads * head_dim * (query, visible key) pairs.
+
+    python benchmarks/cpu_attention_f32.py [--threads 2] [--repeats 9] [--quick] \
+        [--out results/cpu_attention_f32.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from rich.console import Console
+from rich.table import Table
+
+sys.path.insert(0, str(Path(__file__).parent))
+from bench_report import write_json
+
+from prefixcache.kernels.cpu import (
+    f32_attention_available,
+    paged_decode_attention_f32,
+    paged_prefill_attention_f32,
+)
+from prefixcache.kernels.reference.paged_attention import (
+    paged_decode_attention_reference,
+    paged_prefill_attention_reference,
+)
+
+HEADS, KV_HEADS, HEAD_DIM, BLOCK = 9, 3, 64, 16
+
+
+def pool_for(lengths: list[int], generator: torch.Generator) -> tuple[torch.Tensor, ...]:
+    """k_cache, v_cache [blocks, BLOCK, KV_HEADS, HEAD_DIM] of random values and block tables
+    [num_seqs, max_blocks] int32 at shuffled ids, for sequences of ``lengths`` tokens."""
+    per_seq = [-(-n // BLOCK) for n in lengths]
+    total = sum(per_seq)
+    shape = (total, BLOCK, KV_HEADS, HEAD_DIM)
+    k_cache = torch.randn(shape, generator=generator)
+    v_cache = torch.randn(shape, generator=generator)
+    ids = torch.randperm(total, generator=generator).to(torch.int32)
+    tables = torch.zeros((len(lengths), max(per_seq)), dtype=torch.int32)
+    start = 0
+    for seq, count in enumerate(per_seq):
+        tables[seq, :count] = ids[start : start + count]
+        start += count
+    return k_cache, v_cache, tables
+
+
+def prefill_case(context: int, new: int, generator: torch.Generator) -> dict[str, Callable]:
+    k_cache, v_cache, tables = pool_for([max(context, 1)], generator)
+    q = torch.randn((new, HEADS, HEAD_DIM), generator=generator)
+    k = torch.randn((new, KV_HEADS, HEAD_DIM), generator=generator)
+    v = torch.randn((new, KV_HEADS, HEAD_DIM), generator=generator)
+    args = (q, k, v, k_cache, v_cache, tables, torch.tensor([0, new], dtype=torch.int32),
+            torch.tensor([context], dtype=torch.int32), HEAD_DIM**-0.5)  # fmt: skip
+    return {
+        "kernel": lambda: paged_prefill_attention_f32(*args),
+        "reference": lambda: paged_prefill_attention_reference(*args),
+    }
+
+
+def decode_case(lengths: list[int], generator: torch.Generator) -> dict[str, Callable]:
+    k_cache, v_cache, tables = pool_for(lengths, generator)
+    q = torch.randn((len(lengths), HEADS, HEAD_DIM), generator=generator)
+    args = (q, k_cache, v_cache, tables, torch.tensor(lengths, dtype=torch.int32),
+            HEAD_DIM**-0.5)  # fmt: skip
+    return {
+        "kernel": lambda: paged_decode_attention_f32(*args),
+        "reference": lambda: paged_decode_attention_reference(*args),
+    }
+
+
+def time_alternately(variants: dict[str, Callable], repeats: int) -> dict[str, float]:
+    """Median seconds of each variant, the variants called in turn per repeat."""
+    for run in variants.values():
+        run()
+    seconds: dict[str, list[float]] = {name: [] for name in variants}
+    for _ in range(repeats):
+        for name, run in variants.items():
+            start = time.perf_counter()
+            run()
+            seconds[name].append(time.perf_counter() - start)
+    return {name: statistics.median(values) for name, values in seconds.items()}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=9)
+    parser.add_argument("--quick", action="store_true", help="one repeat (the tests' smoke run)")
+    parser.add_argument("--out", default="results/cpu_attention_f32.json")
+    args = parser.parse_args()
+    if not f32_attention_available():
+        sys.exit("the float32 CPU attention kernel is unavailable here (needs AVX2, FMA, gcc)")
+    if args.quick:
+        args.repeats = 1
+    torch.set_num_threads(args.threads)
+    generator = torch.Generator().manual_seed(0)
+    decode_lengths = torch.randint(300, 401, (32,), generator=generator).tolist()
+    cases: list[tuple[str, dict[str, Callable], float]] = [
+        ("cold prefill, 1,637 tokens", prefill_case(0, 1637, generator), 1637 * 1638 / 2),
+        ("64 new over 1,637 cached", prefill_case(1637, 64, generator),
+         64 * 1637 + 64 * 65 / 2),
+        ("decode, 32 sequences x 300-400", decode_case(decode_lengths, generator),
+         sum(decode_lengths)),
+        ("decode, 1 sequence x 1,701", decode_case([1701], generator), 1701),
+    ]  # fmt: skip
+    table = Table(title=f"float32 paged attention, {args.threads} threads (ms, median)")
+    for column in ("case", "kernel", "GFLOP/s", "reference", "kernel / reference"):
+        table.add_column(column, justify="left" if column == "case" else "right")
+    results: list[dict[str, Any]] = []
+    for name, variants, pairs in cases:
+        seconds = time_alternately(variants, args.repeats)
+        gflops = 4 * HEADS * HEAD_DIM * pairs / seconds["kernel"] / 1e9
+        ratio = seconds["kernel"] / seconds["reference"]
+        table.add_row(name, f"{seconds['kernel'] * 1e3:.2f}", f"{gflops:.0f}",
+                      f"{seconds['reference'] * 1e3:.2f}", f"{ratio:.2f}x")  # fmt: skip
+        results.append({"case": name, "kernel_s": seconds["kernel"],
+                        "reference_s": seconds["reference"], "kernel_gflops": gflops,
+                        "ratio": ratio})  # fmt: skip
+    Console().print(table)
+    meta = {"threads": args.threads, "repeats": args.repeats, "dtype": "float32", "heads": HEADS,
+            "kv_heads": KV_HEADS, "head_dim": HEAD_DIM, "block_size": BLOCK}  # fmt: skip
+    write_json(args.out, {"meta": meta, "cases": results})
+
+
+if __name__ == "__main__":
+    main()
