@@ -1,6 +1,7 @@
 """The decoder's elementwise ops, dispatched: the compiled CPU kernels for bf16 CPU tensors
-(backend "auto", the kernels available), the pure-torch references otherwise (float32, CUDA,
-``PREFIXCACHE_CPU_KERNELS=0``, backend "reference").
+(AVX-512) and for float32 CPU tensors (AVX2/FMA), with backend "auto" and the kernels
+available; the pure-torch references otherwise (CUDA, ``PREFIXCACHE_CPU_KERNELS=0``, backend
+"reference").
 
 Signatures and contracts are those of ``prefixcache.kernels.reference.model_ops``.
 """
@@ -19,8 +20,13 @@ from prefixcache.kernels.reference.model_ops import (
 
 
 def uses_cpu_model_ops(*tensors: torch.Tensor) -> bool:
-    """Whether an elementwise op on these tensors runs the compiled CPU kernel."""
+    """Whether an elementwise op on these tensors runs the compiled bf16 CPU kernel."""
     return get_kernel_backend() == "auto" and cpu_kernels().cpu_model_ops_support(*tensors)
+
+
+def uses_cpu_f32_model_ops(*tensors: torch.Tensor) -> bool:
+    """Whether an elementwise op on these tensors runs the compiled float32 CPU kernel."""
+    return get_kernel_backend() == "auto" and cpu_kernels().f32_model_ops_support(*tensors)
 
 
 def rms_norm(
@@ -31,6 +37,8 @@ def rms_norm(
     """``weight * (x / sqrt(mean(x^2) + eps))``, statistics in float32, output in x's dtype."""
     if uses_cpu_model_ops(x, weight):
         return cpu_kernels().rms_norm_cpu(x, weight, eps)
+    if uses_cpu_f32_model_ops(x, weight):
+        return cpu_kernels().rms_norm_f32(x, weight, eps)
     return rms_norm_reference(x, weight, eps)
 
 
@@ -43,6 +51,8 @@ def add_rms_norm_(
     """``residual += x``, then ``x = rms_norm(residual)``, both in place (no overlap)."""
     if uses_cpu_model_ops(x, residual, weight):
         return cpu_kernels().add_rms_norm_cpu_(x, residual, weight, eps)
+    if uses_cpu_f32_model_ops(x, residual, weight):
+        return cpu_kernels().add_rms_norm_f32_(x, residual, weight, eps)
     return add_rms_norm_reference_(x, residual, weight, eps)
 
 
@@ -53,6 +63,8 @@ def apply_rotary_(
     """RoPE, rotate-half layout, in place: ``x = x * cos + rotate_half(x) * sin``."""
     if uses_cpu_model_ops(x, cos_sin):
         return cpu_kernels().apply_rotary_cpu_(x, cos_sin)
+    if uses_cpu_f32_model_ops(x, cos_sin):
+        return cpu_kernels().apply_rotary_f32_(x, cos_sin)
     return apply_rotary_reference_(x, cos_sin)
 
 
@@ -62,4 +74,6 @@ def silu_and_mul(
     """``silu(gate) * up``."""
     if uses_cpu_model_ops(gate_up):
         return cpu_kernels().silu_and_mul_cpu(gate_up)
+    if uses_cpu_f32_model_ops(gate_up):
+        return cpu_kernels().silu_and_mul_f32(gate_up)
     return silu_and_mul_reference(gate_up)

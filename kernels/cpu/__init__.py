@@ -11,11 +11,12 @@ into decoder layers, a run of layers per call (``decoder_layer``), whose time pe
 and AVX512-BF16, gcc; ``PREFIXCACHE_CPU_KERNELS=0`` turns them off); ``cpu_kernel_supports``
 whether a given call qualifies (bf16 queries over a bf16, or a scaled int8 / fp8, pool).
 ``cpu_model_ops_support`` whether tensors qualify for the elementwise ops (CPU bf16).
-A float32 engine's attention and projections have kernels of their own, built for AVX2 and
-FMA only (``paged_attention_f32``: ``f32_attention_available``, ``f32_kernel_supports``;
-``linear_f32``: ``f32_linear_supports``, ``pack_f32_weight``), so they run on CPUs without
-AVX-512 too. Otherwise use the references in ``prefixcache.kernels.reference``,
-which have the same signatures.
+A float32 engine's attention, projections and elementwise ops have kernels of their own,
+built for AVX2 and FMA only (``paged_attention_f32``: ``f32_attention_available``,
+``f32_kernel_supports``; ``linear_f32``: ``f32_linear_supports``, ``pack_f32_weight``;
+``model_ops_f32``: ``f32_model_ops_support``), so they run on CPUs without AVX-512 too.
+Otherwise use the references in ``prefixcache.kernels.reference``, which have the same
+signatures.
 """
 
 from __future__ import annotations
@@ -44,6 +45,13 @@ from prefixcache.kernels.cpu.model_ops import (
     silu_and_mul_cpu,
     store_kv_cpu,
 )
+from prefixcache.kernels.cpu.model_ops_f32 import (
+    add_rms_norm_f32_,
+    apply_rotary_f32_,
+    f32_model_ops_support,
+    rms_norm_f32,
+    silu_and_mul_f32,
+)
 from prefixcache.kernels.cpu.paged_attention import (
     cpu_attention_available,
     cpu_kernel_supports,
@@ -66,7 +74,9 @@ __all__ = [
     "LayerWeights",
     "PagedStep",
     "add_rms_norm_cpu_",
+    "add_rms_norm_f32_",
     "apply_rotary_cpu_",
+    "apply_rotary_f32_",
     "bf16_dot_peak",
     "copy_blocks_cpu",
     "cpu_attention_available",
@@ -77,6 +87,7 @@ __all__ = [
     "f32_attention_available",
     "f32_kernel_supports",
     "f32_linear_supports",
+    "f32_model_ops_support",
     "fused_layer_supported",
     "greedy_screen_available",
     "huge_pages_available",
@@ -89,7 +100,9 @@ __all__ = [
     "paged_prefill_attention_f32",
     "phase_profile",
     "rms_norm_cpu",
+    "rms_norm_f32",
     "screened_argmax",
     "silu_and_mul_cpu",
+    "silu_and_mul_f32",
     "store_kv_cpu",
 ]

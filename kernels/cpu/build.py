@@ -1,8 +1,8 @@
 """Compile the CPU kernels with the system gcc at first use and load them with ctypes, as two
 shared libraries: the AVX-512/BF16 one (``paged_attention.c``, ``model_ops.c``, ``linear.c``,
 ``greedy_screen.c``, ``decoder_layer.c``; ``load_library()``) and the AVX2/FMA one for float32
-(``paged_attention_f32.c``, ``linear_f32.c``; ``load_f32_library()``), each built only where
-the CPU has its instruction sets.
+(``paged_attention_f32.c``, ``linear_f32.c``, ``model_ops_f32.c``; ``load_f32_library()``),
+each built only where the CPU has its instruction sets.
 
 A shared library is cached as ``$XDG_CACHE_HOME/prefixcache/kernels/<name>-<hash>.so``
 (default ``~/.cache``), the hash covering the sources and headers, the compiler command and
@@ -53,7 +53,9 @@ COMPILE_FLAGS = (
     "-O3", "-fPIC", "-std=gnu11", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq",
     "-mavx512bf16", "-mfma", "-fopenmp", "-fschedule-insns", "-fsched-pressure",
 )  # fmt: skip
-F32_SOURCES = (_HERE / "paged_attention_f32.c", _HERE / "linear_f32.c")
+F32_SOURCES = tuple(
+    _HERE / name for name in ("paged_attention_f32.c", "linear_f32.c", "model_ops_f32.c")
+)
 F32_REQUIRED_CPU_FLAGS = ("avx2", "fma")
 F32_COMPILE_FLAGS = ("-O3", "-fPIC", "-std=gnu11", "-mavx2", "-mfma", "-fopenmp")
 
@@ -258,6 +260,16 @@ def _declare_f32(lib: ctypes.CDLL) -> None:
         ptr, i64, i64, i64,  # x, row stride, rows, k
         ptr, i64, ptr, ptr, i64, i32,  # packed weight, n_out, bias, out, row stride, threads
     ]  # fmt: skip
+    f32 = ctypes.c_float
+    lib.pc_f32_rms_norm.restype = None
+    lib.pc_f32_rms_norm.argtypes = [
+        ptr, i64, ptr, i64, ptr, ptr, i64,  # x, stride, residual, stride, weight, out, stride
+        i64, i64, f32, i32,  # rows, hidden, eps, num_threads
+    ]  # fmt: skip
+    lib.pc_f32_silu_and_mul.restype = None
+    lib.pc_f32_silu_and_mul.argtypes = [ptr, i64, ptr, i64, i64, i64, i32]
+    lib.pc_f32_rotary.restype = None
+    lib.pc_f32_rotary.argtypes = [ptr, i64, i64, ptr, i64, i64, i64, i64, i32]
 
 
 AVX512_LIBRARY = LibrarySpec(
@@ -291,7 +303,8 @@ def load_library() -> ctypes.CDLL | None:
 
 
 def load_f32_library() -> ctypes.CDLL | None:
-    """The compiled AVX2/FMA float32 library (attention, GEMM), or None when unavailable."""
+    """The compiled AVX2/FMA float32 library (attention, GEMM, elementwise ops), or None when
+    unavailable."""
     return _load(F32_LIBRARY)
 
 
