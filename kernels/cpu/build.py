@@ -56,6 +56,7 @@ COMPILE_FLAGS = (
 F32_SOURCES = tuple(
     _HERE / name for name in ("paged_attention_f32.c", "linear_f32.c", "model_ops_f32.c")
 )
+F32_HEADERS = (_HERE / "simd_math_avx2.h",)
 F32_REQUIRED_CPU_FLAGS = ("avx2", "fma")
 F32_COMPILE_FLAGS = ("-O3", "-fPIC", "-std=gnu11", "-mavx2", "-mfma", "-fopenmp")
 
@@ -276,7 +277,8 @@ AVX512_LIBRARY = LibrarySpec(
     "cpu_kernels", SOURCES, HEADERS, COMPILE_FLAGS, REQUIRED_CPU_FLAGS, _declare
 )
 F32_LIBRARY = LibrarySpec(
-    "cpu_kernels_f32", F32_SOURCES, (), F32_COMPILE_FLAGS, F32_REQUIRED_CPU_FLAGS, _declare_f32
+    "cpu_kernels_f32", F32_SOURCES, F32_HEADERS, F32_COMPILE_FLAGS, F32_REQUIRED_CPU_FLAGS,
+    _declare_f32,
 )
 
 

@@ -9,6 +9,8 @@
 #include <math.h>
 #include <stdint.h>
 
+#include "simd_math_avx2.h"
+
 #define INLINE static inline __attribute__((always_inline))
 #define PARALLEL_ROWS 16 /* fewer rows than this run on one thread */
 
@@ -18,28 +20,6 @@ INLINE float hsum(__m256 v) {
     s = _mm_add_ps(s, _mm_movehl_ps(s, s));
     s = _mm_add_ss(s, _mm_movehdup_ps(s));
     return _mm_cvtss_f32(s);
-}
-
-/* e^x, lane-wise: 2^(x log2 e) by a degree-6 polynomial of the fraction (relative error
- * ~2e-7); x below -87 gives 0, above 88 +inf. */
-INLINE __m256 exp_avx2(__m256 x) {
-    const __m256 t = _mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f));
-    const __m256 under = _mm256_cmp_ps(t, _mm256_set1_ps(-126.0f), _CMP_GE_OQ);
-    const __m256 over = _mm256_cmp_ps(t, _mm256_set1_ps(128.0f), _CMP_GE_OQ);
-    const __m256 c = _mm256_min_ps(_mm256_max_ps(t, _mm256_set1_ps(-126.0f)),
-                                   _mm256_set1_ps(127.0f));
-    const __m256 n = _mm256_round_ps(c, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    const __m256 f = _mm256_sub_ps(c, n);
-    __m256 p = _mm256_set1_ps(1.5353362e-4f);
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.3398874e-3f));
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(9.6181291e-3f));
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(5.5504109e-2f));
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(2.4022651e-1f));
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(6.9314718e-1f));
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0f));
-    const __m256i bits = _mm256_slli_epi32(_mm256_cvtps_epi32(n), 23);
-    const __m256 e = _mm256_castsi256_ps(_mm256_add_epi32(_mm256_castps_si256(p), bits));
-    return _mm256_blendv_ps(_mm256_and_ps(e, under), _mm256_set1_ps(INFINITY), over);
 }
 
 /*

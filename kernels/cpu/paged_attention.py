@@ -19,6 +19,7 @@ from __future__ import annotations
 import torch
 
 from prefixcache.kernels.cpu.build import load_library
+from prefixcache.kernels.cpu.tensor_args import head_rows, int32_tensor
 from prefixcache.kernels.quantization import FP8_DTYPE, full_scale, is_quantized
 
 ATTENTION_ERRORS = {  # the kernel's negative return codes
@@ -69,25 +70,6 @@ def release_workspace() -> None:
     lib = load_library()
     if lib is not None:
         lib.pa_release_workspace()
-
-
-def _rows(
-    name: str,
-    x: torch.Tensor,  # [tokens, heads, head_dim]
-    shape: tuple[int, int, int],
-) -> torch.Tensor:  # x, or a copy contiguous in its last dimension
-    if x.dtype is not torch.bfloat16 or not x.is_cpu:
-        raise ValueError(f"{name} must be a CPU bfloat16 tensor, got {x.dtype} on {x.device}")
-    if x.shape != shape:
-        raise ValueError(f"{name} has shape {tuple(x.shape)}, expected {shape}")
-    return x if x.stride(2) == 1 else x.contiguous()
-
-
-def _int32(x: torch.Tensor) -> torch.Tensor:
-    """``x`` as a contiguous CPU int32 tensor (a copy only when needed)."""
-    if x.dtype is not torch.int32 or not x.is_cpu or not x.is_contiguous():
-        x = x.to(device="cpu", dtype=torch.int32).contiguous()
-    return x
 
 
 def _scale_problem(
@@ -230,13 +212,13 @@ def paged_prefill_attention_cpu(
     contiguous last dimension, e.g. slices of a fused qkv tensor). ValueError for a quantized
     pool without both scales, or a bf16 pool with one."""
     num_tokens, num_heads, head_dim = q.shape
-    q = _rows("q", q, (num_tokens, num_heads, head_dim))
+    q = head_rows("q", q, (num_tokens, num_heads, head_dim), torch.bfloat16)
     _check_pool(k_cache, v_cache, num_heads, head_dim, scale)
     scales = _pool_scales(k_cache, k_scale, v_scale)
     kv_shape = (num_tokens, k_cache.shape[2], head_dim)
-    k, v = _rows("k", k, kv_shape), _rows("v", v, kv_shape)
-    context_lens = _int32(context_lens)
-    query_start_loc = _int32(query_start_loc)
+    k, v = head_rows("k", k, kv_shape, torch.bfloat16), head_rows("v", v, kv_shape, torch.bfloat16)
+    context_lens = int32_tensor(context_lens)
+    query_start_loc = int32_tensor(query_start_loc)
     if query_start_loc.shape[0] != context_lens.shape[0] + 1:
         raise ValueError("query_start_loc must have num_seqs + 1 entries")
     return _call(
@@ -258,10 +240,10 @@ def paged_decode_attention_cpu(
     (dequantized for an int8/fp8 pool; a sequence of length 0 gets zeros). ValueError for a
     quantized pool without both scales, or a bf16 pool with one."""
     num_seqs, num_heads, head_dim = q.shape
-    q = _rows("q", q, (num_seqs, num_heads, head_dim))
+    q = head_rows("q", q, (num_seqs, num_heads, head_dim), torch.bfloat16)
     _check_pool(k_cache, v_cache, num_heads, head_dim, scale)
     scales = _pool_scales(k_cache, k_scale, v_scale)
-    seq_lens = _int32(seq_lens)
+    seq_lens = int32_tensor(seq_lens)
     if seq_lens.shape[0] != num_seqs:
         raise ValueError(f"seq_lens has {seq_lens.shape[0]} entries for {num_seqs} queries")
     return _call(q, q, q, k_cache, v_cache, scales, block_tables, None, seq_lens, scale)

@@ -29,6 +29,8 @@
 #include <stdint.h>
 #include <stdlib.h>
 
+#include "simd_math_avx2.h"
+
 #define KB 48      /* keys per online-softmax step: a multiple of 6 and of 12 */
 #define MAX_D 256  /* largest head_dim (a multiple of 8) */
 #define TILE 24    /* rows of the widest tile (RV = 3 ymm) */
@@ -57,26 +59,6 @@ typedef struct {
     int num_kv_heads, group, head_dim, block_size;
     float qscale; /* scale * log2 e */
 } attention_args;
-
-/* 2^x, lane-wise: 2^round(x) * p(x - round(x)) with a degree-6 polynomial on [-0.5, 0.5]
- * (relative error ~2e-7); x below -126 (including -inf) gives exactly 0, x must not be NaN
- * or above 127. */
-INLINE __m256 exp2_avx2(__m256 x) {
-    const __m256 visible = _mm256_cmp_ps(x, _mm256_set1_ps(-126.0f), _CMP_GE_OQ);
-    x = _mm256_max_ps(x, _mm256_set1_ps(-126.0f));
-    const __m256 n = _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    const __m256 f = _mm256_sub_ps(x, n);
-    __m256 p = _mm256_set1_ps(1.5353362e-4f);
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.3398874e-3f));
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(9.6181291e-3f));
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(5.5504109e-2f));
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(2.4022651e-1f));
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(6.9314718e-1f));
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0f));
-    const __m256i bits = _mm256_slli_epi32(_mm256_cvtps_epi32(n), 23);
-    const __m256 scaled = _mm256_castsi256_ps(_mm256_add_epi32(_mm256_castps_si256(p), bits));
-    return _mm256_and_ps(scaled, visible);
-}
 
 /* The rows of keys [j0, j0 + n) of kv head kh of sequence s and of their values: pool rows
  * (through the block table, one division for the run) for cached keys, else new-token rows. */

@@ -18,6 +18,7 @@ from __future__ import annotations
 import torch
 
 from prefixcache.kernels.cpu.build import load_f32_library
+from prefixcache.kernels.cpu.tensor_args import head_rows, int32_tensor
 
 MAX_HEAD_DIM = 256
 ATTENTION_ERRORS = {  # the kernel's negative return codes
@@ -52,25 +53,6 @@ def f32_kernel_supports(
     if num_kv_heads == 0 or num_heads % num_kv_heads or not k_cache.is_contiguous():
         return False
     return f32_attention_available()
-
-
-def _rows(
-    name: str,
-    x: torch.Tensor,  # [tokens, heads, head_dim]
-    shape: tuple[int, int, int],
-) -> torch.Tensor:  # x, or a copy contiguous in its last dimension
-    if x.dtype is not torch.float32 or not x.is_cpu:
-        raise ValueError(f"{name} must be a CPU float32 tensor, got {x.dtype} on {x.device}")
-    if tuple(x.shape) != shape:
-        raise ValueError(f"{name} has shape {tuple(x.shape)}, expected {shape}")
-    return x if x.stride(2) == 1 else x.contiguous()
-
-
-def _int32(x: torch.Tensor) -> torch.Tensor:
-    """``x`` as a contiguous CPU int32 tensor (a copy only when needed)."""
-    if x.dtype is not torch.int32 or not x.is_cpu or not x.is_contiguous():
-        x = x.to(device="cpu", dtype=torch.int32).contiguous()
-    return x
 
 
 def _check_pool(
@@ -166,9 +148,9 @@ def paged_prefill_attention_f32(
     _check_pool(q, k_cache, v_cache, k_scale, v_scale, scale)
     num_tokens, num_heads, head_dim = q.shape
     kv_shape = (num_tokens, k_cache.shape[2], head_dim)
-    q = _rows("q", q, (num_tokens, num_heads, head_dim))
-    k, v = _rows("k", k, kv_shape), _rows("v", v, kv_shape)
-    starts, lens = _int32(query_start_loc), _int32(context_lens)
+    q = head_rows("q", q, (num_tokens, num_heads, head_dim), torch.float32)
+    k, v = head_rows("k", k, kv_shape, torch.float32), head_rows("v", v, kv_shape, torch.float32)
+    starts, lens = int32_tensor(query_start_loc), int32_tensor(context_lens)
     if starts.shape != (lens.shape[0] + 1,):
         raise ValueError(
             f"query_start_loc has shape {tuple(starts.shape)}, expected ({lens.shape[0] + 1},)"
@@ -189,8 +171,8 @@ def paged_decode_attention_f32(
     """Each sequence's single query attends to all of its ``seq_lens`` cached tokens (a
     sequence with none gets zeros)."""
     _check_pool(q, k_cache, v_cache, k_scale, v_scale, scale)
-    q = _rows("q", q, tuple(q.shape))
-    lens = _int32(seq_lens)
+    q = head_rows("q", q, tuple(q.shape), torch.float32)
+    lens = int32_tensor(seq_lens)
     if lens.shape != (q.shape[0],):
         raise ValueError(f"seq_lens has shape {tuple(lens.shape)}, expected ({q.shape[0]},)")
     return _call(q, q, q, k_cache, v_cache, block_tables, None, lens, scale)
