@@ -12,8 +12,8 @@ every call; a pre-packed weight skips that. Two kernels hold packed weights:
   ``prefixcache.kernels.cpu.linear_f32`` (strips of 16 output columns), each output one FMA
   chain in order, so a row's result does not depend on the rows beside it. Against oneDNN's
   packed GEMM on a 2-core AMD Zen 3, SmolLM2's projections with weights streamed from
-  memory: 0.73x the time for one row, 0.81x for 32, 0.85x for 64, 1.06x for 1,637
-  (``benchmarks/cpu_linear_f32.py``);
+  memory: 0.64-0.73x the time for one row, 0.77-0.81x for 32, 0.82-0.85x for 64 and
+  1.02-1.06x for 1,637 in two runs (``benchmarks/cpu_linear_f32.py``);
 * otherwise (no compiled kernels, or the "reference" backend): oneDNN's own packed layout
   (``torch.ops.mkldnn._reorder_linear_weight``), bitwise-identical to ``F.linear``; measured in
   bf16: 0.45-0.66x the time at 1 row, 0.72-0.88x at 32-64 rows, 0.90-0.94x at 1,637 rows.
@@ -63,10 +63,9 @@ class PackedLinear(nn.Module):
 
     Contract: CPU only, float32 or bfloat16, input ``[num_rows, in_features]`` in the weight's
     dtype. ``compiled`` / ``compiled_f32`` say which kernel runs: the compiled bf16 GEMM, the
-    compiled float32 GEMM, or (both False) oneDNN. The
-    packed weight is a tensor outside ``state_dict``, set once, here: to change a projection,
-    assign a new ``PackedLinear`` (the model's cached fused-layer plan follows module
-    assignments, not writes to ``packed``).
+    compiled float32 GEMM, or (both False) oneDNN. The packed weight is a tensor outside
+    ``state_dict``, set once, here: to change a projection, assign a new ``PackedLinear`` (the
+    model's cached fused-layer plan follows module assignments, not writes to ``packed``).
     """
 
     def __init__(
