@@ -196,8 +196,120 @@ INLINE void attend_tile(const attention_args *a, const tile_item *it, const int 
     }
 }
 
+/* 8 vectors of 8 floats transposed in place: r[d] lane j <- r[j] lane d. */
+INLINE void transpose8(__m256 r[8]) {
+    __m256 t[8], u[8];
+    for (int i = 0; i < 8; i += 2) {
+        t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
+        t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
+    }
+    for (int i = 0; i < 8; i += 4) {
+        u[i] = _mm256_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(1, 0, 1, 0));
+        u[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(3, 2, 3, 2));
+        u[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(1, 0, 1, 0));
+        u[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(3, 2, 3, 2));
+    }
+    for (int i = 0; i < 4; i++) {
+        r[i] = _mm256_permute2f128_ps(u[i], u[i + 4], 0x20);
+        r[i + 4] = _mm256_permute2f128_ps(u[i], u[i + 4], 0x31);
+    }
+}
+
+/* A tile whose rows are one query token's heads (at most 8, head_dim a multiple of 64): the
+ * keys in the lanes instead of the rows, each key and value row read whole, so a decode step's
+ * 1-8 rows fill the vectors. The arithmetic is attend_tile's, operation for operation (the
+ * same dot products summed over d in order, the same KB-key softmax steps, the same sums over
+ * keys in order), so its outputs are bitwise attend_tile's. */
+static void attend_token_rows(const attention_args *a, const tile_item *it) {
+    const int D = a->head_dim, group = a->group, n = it->r1 - it->r0;
+    const seq_info *si = &a->seqs[it->seq];
+    const int t = it->r0 / group, lim = si->lim0 + t;
+    float q[8][MAX_D] __attribute__((aligned(32)));
+    float o[8][MAX_D] __attribute__((aligned(32)));
+    float sp[8][KB] __attribute__((aligned(32))); /* [rows][keys]: scores, then P */
+    float m[8], l[8];
+    static const float zero_row[MAX_D] __attribute__((aligned(32)));
+    const float *krow[KB], *vrow[KB];
+    for (int i = 0; i < n; i++) {
+        const int head = it->kh * group + (it->r0 + i) % group;
+        const float *src = a->q + (si->qs + t) * a->q_tok + head * a->q_head;
+        for (int d = 0; d < D; d++) {
+            q[i][d] = src[d] * a->qscale;
+            o[i][d] = 0.0f;
+        }
+        m[i] = -INFINITY;
+        l[i] = 0.0f;
+    }
+    for (int kb0 = 0; kb0 < lim; kb0 += KB) {
+        const int nk = lim - kb0 < KB ? lim - kb0 : KB;
+        const int nkp = (nk + 7) / 8 * 8;
+        key_rows(a, it->seq, it->kh, kb0, nk, krow, vrow);
+        for (int j = nk; j < nkp; j++) krow[j] = vrow[j] = zero_row;
+        /* S = q . K, 8 keys at a time: 8x8 blocks of K transposed, dims in order */
+        for (int j0 = 0; j0 < nkp; j0 += 8) {
+            __m256 acc[8];
+            for (int i = 0; i < n; i++) acc[i] = _mm256_setzero_ps();
+            for (int d0 = 0; d0 < D; d0 += 8) {
+                __m256 kt[8];
+                for (int j = 0; j < 8; j++) kt[j] = _mm256_loadu_ps(krow[j0 + j] + d0);
+                transpose8(kt);
+                for (int i = 0; i < n; i++)
+                    for (int d = 0; d < 8; d++)
+                        acc[i] = _mm256_fmadd_ps(_mm256_broadcast_ss(&q[i][d0 + d]), kt[d], acc[i]);
+            }
+            const __m256i key = _mm256_add_epi32(_mm256_set1_epi32(kb0 + j0),
+                                                 _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+            const __m256 seen = _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(lim), key));
+            for (int i = 0; i < n; i++)
+                _mm256_store_ps(&sp[i][j0],
+                                _mm256_blendv_ps(_mm256_set1_ps(-INFINITY), acc[i], seen));
+        }
+        for (int i = 0; i < n; i++) {
+            __m256 bm = _mm256_set1_ps(-INFINITY);
+            for (int j0 = 0; j0 < nkp; j0 += 8) bm = _mm256_max_ps(bm, _mm256_load_ps(&sp[i][j0]));
+            float lane[8] __attribute__((aligned(32)));
+            _mm256_store_ps(lane, bm);
+            float m_new = m[i];
+            for (int j = 0; j < 8; j++) m_new = lane[j] > m_new ? lane[j] : m_new;
+            _mm256_store_ps(lane, exp2_avx2(_mm256_set1_ps(m[i] - m_new)));
+            const float alpha = lane[0];
+            float sum = 0.0f;
+            for (int j0 = 0; j0 < nkp; j0 += 8) {
+                const __m256 p = exp2_avx2(_mm256_sub_ps(_mm256_load_ps(&sp[i][j0]),
+                                                         _mm256_set1_ps(m_new)));
+                _mm256_store_ps(&sp[i][j0], p);
+                for (int j = 0; j < 8; j++) sum += sp[i][j0 + j];
+            }
+            l[i] = fmaf(l[i], alpha, sum);
+            m[i] = m_new;
+            /* O = alpha O + P V, 64 dims (8 vectors) at a time, keys in order */
+            for (int d0 = 0; d0 < D; d0 += 64) {
+                __m256 acc[8];
+                for (int c = 0; c < 8; c++)
+                    acc[c] = _mm256_mul_ps(_mm256_load_ps(&o[i][d0 + 8 * c]), _mm256_set1_ps(alpha));
+                for (int j = 0; j < nkp; j++) {
+                    const __m256 p = _mm256_broadcast_ss(&sp[i][j]);
+                    for (int c = 0; c < 8; c++)
+                        acc[c] = _mm256_fmadd_ps(p, _mm256_loadu_ps(vrow[j] + d0 + 8 * c), acc[c]);
+                }
+                for (int c = 0; c < 8; c++) _mm256_store_ps(&o[i][d0 + 8 * c], acc[c]);
+            }
+        }
+    }
+    for (int i = 0; i < n; i++) {
+        float inv[8] __attribute__((aligned(32)));
+        _mm256_store_ps(inv, _mm256_div_ps(_mm256_set1_ps(1.0f), _mm256_set1_ps(l[i])));
+        const int head = it->kh * group + (it->r0 + i) % group;
+        float *dst = a->out + (si->qs + t) * a->o_tok + head * a->o_head;
+        for (int d = 0; d < D; d++) dst[d] = o[i][d] * inv[0];
+    }
+}
+
 static void run_tile(const attention_args *a, const tile_item *it) {
-    if (it->r1 - it->r0 > 16)
+    const int n = it->r1 - it->r0;
+    if (n <= 8 && a->head_dim % 64 == 0 && it->r0 / a->group == (it->r1 - 1) / a->group)
+        attend_token_rows(a, it);
+    else if (n > 16)
         attend_tile(a, it, 3, 4, 4);
     else if (it->r1 - it->r0 > 8)
         attend_tile(a, it, 2, 6, 4);
