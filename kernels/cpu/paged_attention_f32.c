@@ -16,8 +16,9 @@
  *
  * so the softmax's row maxima and sums are lane-wise vector operations. A tile of 24 rows
  * scores 4 keys at a time and updates 4 output dims at a time (12 accumulators each); a tile
- * of 16 rows 6 keys (12) and 4 dims (8); a tile of 8 rows (decode: a group of up to 8 query
- * heads) 12 keys and 8 dims.
+ * of 16 rows 6 keys (12) and 4 dims (8); a tile of 8 rows 12 keys and 8 dims. A tile of one
+ * query token's heads (a decode step) turns this around, keys in the lanes
+ * (attend_token_rows), with the same arithmetic.
  *
  * Key j of a sequence is cache token j for j < ncache (found through the block table), else
  * new token (qs + j - ncache) of k/v. Query token t sees keys [0, lim0 + t): prefill
@@ -37,6 +38,9 @@
 #define LOG2E 1.44269504088896341f
 
 #define INLINE static inline __attribute__((always_inline))
+
+/* the row of the keys and values a block is padded with past its last key */
+static const float zero_row[MAX_D] __attribute__((aligned(32)));
 
 typedef struct {
     int64_t qs; /* row of the sequence's first query token in q / out / k / v */
@@ -91,7 +95,6 @@ INLINE void attend_tile(const attention_args *a, const tile_item *it, const int 
     float qt[MAX_D * TILE] __attribute__((aligned(32)));  /* [D][lanes] */
     float ot[MAX_D * TILE] __attribute__((aligned(32)));  /* [D][lanes] */
     float sp[KB * TILE] __attribute__((aligned(32)));     /* [KB][lanes]: scores, then P */
-    static const float zero_row[MAX_D] __attribute__((aligned(32)));
     int32_t lim[TILE] __attribute__((aligned(32)));
     const float *krow[KB], *vrow[KB];
 
@@ -228,7 +231,6 @@ static void attend_token_rows(const attention_args *a, const tile_item *it) {
     float o[8][MAX_D] __attribute__((aligned(32)));
     float sp[8][KB] __attribute__((aligned(32))); /* [rows][keys]: scores, then P */
     float m[8], l[8];
-    static const float zero_row[MAX_D] __attribute__((aligned(32)));
     const float *krow[KB], *vrow[KB];
     for (int i = 0; i < n; i++) {
         const int head = it->kh * group + (it->r0 + i) % group;
@@ -297,11 +299,10 @@ static void attend_token_rows(const attention_args *a, const tile_item *it) {
         }
     }
     for (int i = 0; i < n; i++) {
-        float inv[8] __attribute__((aligned(32)));
-        _mm256_store_ps(inv, _mm256_div_ps(_mm256_set1_ps(1.0f), _mm256_set1_ps(l[i])));
+        const float inv = 1.0f / l[i]; /* rounded as attend_tile's vector division */
         const int head = it->kh * group + (it->r0 + i) % group;
         float *dst = a->out + (si->qs + t) * a->o_tok + head * a->o_head;
-        for (int d = 0; d < D; d++) dst[d] = o[i][d] * inv[0];
+        for (int d = 0; d < D; d++) dst[d] = o[i][d] * inv;
     }
 }
 
@@ -311,7 +312,7 @@ static void run_tile(const attention_args *a, const tile_item *it) {
         attend_token_rows(a, it);
     else if (n > 16)
         attend_tile(a, it, 3, 4, 4);
-    else if (it->r1 - it->r0 > 8)
+    else if (n > 8)
         attend_tile(a, it, 2, 6, 4);
     else
         attend_tile(a, it, 1, 12, 8);
