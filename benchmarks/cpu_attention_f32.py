@@ -7,7 +7,9 @@ block ids), float32; the two variants timed alternately in one run, medians repo
 1. cold prefill: one sequence, 1,637 new tokens, no cached context (causal);
 2. warm prefill: 64 new tokens over 1,637 cached tokens;
 3. batched decode: 32 sequences, one query each, 300-400 cached tokens each;
-4. decode of one sequence over 1,701 cached tokens.
+4. the same over 30 layers' pools in turn, as a decode step reads them (from memory, not
+   from cache; time per layer);
+5. decode of one sequence over 1,701 cached tokens.
 
 FLOPs: 4 * heads * head_dim * (query, visible key) pairs.
 
@@ -43,6 +45,7 @@ from prefixcache.kernels.reference.paged_attention import (
 )
 
 HEADS, KV_HEADS, HEAD_DIM, BLOCK = 9, 3, 64, 16
+LAYERS = 30
 
 
 def pool_for(lengths: list[int], generator: torch.Generator) -> tuple[torch.Tensor, ...]:
@@ -86,6 +89,19 @@ def decode_case(lengths: list[int], generator: torch.Generator) -> dict[str, Cal
     }
 
 
+def layered_decode_case(
+    lengths: list[int], layers: int, generator: torch.Generator
+) -> dict[str, Callable]:
+    """Decode over ``layers`` pools in turn (each its own memory, as a model's layers are), so
+    every call finds its pool out of cache; timed per layer."""
+    cases = [decode_case(lengths, generator) for _ in range(layers)]
+
+    def over_layers(variant: str) -> Callable:
+        return lambda: [case[variant]() for case in cases]
+
+    return {"kernel": over_layers("kernel"), "reference": over_layers("reference")}
+
+
 def time_alternately(variants: dict[str, Callable], repeats: int) -> dict[str, float]:
     """Median seconds of each variant, the variants called in turn per repeat."""
     for run in variants.values():
@@ -113,20 +129,23 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     generator = torch.Generator().manual_seed(0)
     decode_lengths = torch.randint(300, 401, (32,), generator=generator).tolist()
-    cases: list[tuple[str, dict[str, Callable], float]] = [
-        ("cold prefill, 1,637 tokens", prefill_case(0, 1637, generator), 1637 * 1638 / 2),
+    # (name, variants, (query, visible key) pairs per call, calls per run)
+    cases: list[tuple[str, dict[str, Callable], float, int]] = [
+        ("cold prefill, 1,637 tokens", prefill_case(0, 1637, generator), 1637 * 1638 / 2, 1),
         ("64 new over 1,637 cached", prefill_case(1637, 64, generator),
-         64 * 1637 + 64 * 65 / 2),
+         64 * 1637 + 64 * 65 / 2, 1),
         ("decode, 32 sequences x 300-400", decode_case(decode_lengths, generator),
-         sum(decode_lengths)),
-        ("decode, 1 sequence x 1,701", decode_case([1701], generator), 1701),
+         sum(decode_lengths), 1),
+        ("decode, 32 x 300-400, 30 layers' pools",
+         layered_decode_case(decode_lengths, LAYERS, generator), sum(decode_lengths), LAYERS),
+        ("decode, 1 sequence x 1,701", decode_case([1701], generator), 1701, 1),
     ]  # fmt: skip
     table = Table(title=f"float32 paged attention, {args.threads} threads (ms, median)")
     for column in ("case", "kernel", "GFLOP/s", "reference", "kernel / reference"):
         table.add_column(column, justify="left" if column == "case" else "right")
     results: list[dict[str, Any]] = []
-    for name, variants, pairs in cases:
-        seconds = time_alternately(variants, args.repeats)
+    for name, variants, pairs, calls in cases:
+        seconds = {k: t / calls for k, t in time_alternately(variants, args.repeats).items()}
         gflops = 4 * HEADS * HEAD_DIM * pairs / seconds["kernel"] / 1e9
         ratio = seconds["kernel"] / seconds["reference"]
         table.add_row(name, f"{seconds['kernel'] * 1e3:.2f}", f"{gflops:.0f}",

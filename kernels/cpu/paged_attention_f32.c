@@ -16,14 +16,16 @@
  *
  * so the softmax's row maxima and sums are lane-wise vector operations. A tile of 24 rows
  * scores 4 keys at a time and updates 4 output dims at a time (12 accumulators each); a tile
- * of 16 rows 6 keys (12) and 4 dims (8); a tile of 8 rows 12 keys and 8 dims. A tile of one
- * query token's heads (a decode step) turns this around, keys in the lanes
- * (attend_token_rows), with the same arithmetic.
+ * of 16 rows 6 keys (12) and 4 dims (8); a tile of 8 rows 12 keys and 8 dims. A sequence
+ * with one query token (a decode step) turns this around, keys in the lanes, with the same
+ * arithmetic (attend_token_heads); its work item takes up to TOKEN_HEADS kv heads together
+ * when the batch has sequences enough, so each pool slot's heads are read as one run.
  *
  * Key j of a sequence is cache token j for j < ncache (found through the block table), else
  * new token (qs + j - ncache) of k/v. Query token t sees keys [0, lim0 + t): prefill
  * lim0 = ncache + 1 (the cached keys and itself), decode lim0 = the sequence's cached length.
- * Work items are row tiles of one (sequence, kv head), taken dynamically by the threads.
+ * Work items are row tiles of one (sequence, kv head), or a token's rows over some kv heads,
+ * taken dynamically by the threads.
  */
 #include <immintrin.h>
 #include <math.h>
@@ -49,8 +51,11 @@ typedef struct {
     int lim0;   /* keys visible to query token 0 */
 } seq_info;
 
+#define TOKEN_HEADS 4 /* kv heads a token item takes together, at most */
+
 typedef struct {
     int seq, kh, r0, r1; /* rows [r0, r1) of kv head kh of sequence seq (at most TILE) */
+    int nkh;             /* kv heads [kh, kh + nkh) (a token item; 1 for a row tile) */
 } tile_item;
 
 typedef struct {
@@ -218,104 +223,219 @@ INLINE void transpose8(__m256 r[8]) {
     }
 }
 
-/* A tile whose rows are one query token's heads (at most 8, head_dim a multiple of 64): the
- * keys in the lanes instead of the rows, each key and value row read whole, so a decode step's
- * 1-8 rows fill the vectors. The arithmetic is attend_tile's, operation for operation (the
- * same dot products summed over d in order, the same KB-key softmax steps, the same sums over
- * keys in order), so its outputs are bitwise attend_tile's. */
-static void attend_token_rows(const attention_args *a, const tile_item *it) {
-    const int D = a->head_dim, group = a->group, n = it->r1 - it->r0;
-    const seq_info *si = &a->seqs[it->seq];
-    const int t = it->r0 / group, lim = si->lim0 + t;
+/* Scores of rows [i0, i0 + R) of a token's scaled queries q against key vectors [v0, v0 + V)
+ * (8 keys each) of kt, a block of keys transposed ([D][KB]: kt[d * KB + j] = k_j[d]):
+ * sp[i][8 v0 ...]. Each score is one FMA chain over d in order, as in attend_tile; the R * V
+ * chains run side by side (R * V + R + 1 ymm registers). */
+INLINE void token_scores(const float (*q)[MAX_D], const float *kt, int D, int i0, int v0,
+                         float (*sp)[KB], const int R, const int V) {
+    __m256 acc[3][6];
+    for (int r = 0; r < R; r++)
+        for (int v = 0; v < V; v++) acc[r][v] = _mm256_setzero_ps();
+    for (int d = 0; d < D; d++) {
+        __m256 qd[3];
+        for (int r = 0; r < R; r++) qd[r] = _mm256_broadcast_ss(&q[i0 + r][d]);
+        for (int v = 0; v < V; v++) {
+            const __m256 kd = _mm256_load_ps(kt + d * KB + 8 * (v0 + v));
+            for (int r = 0; r < R; r++) acc[r][v] = _mm256_fmadd_ps(qd[r], kd, acc[r][v]);
+        }
+    }
+    for (int r = 0; r < R; r++)
+        for (int v = 0; v < V; v++) _mm256_store_ps(&sp[i0 + r][8 * (v0 + v)], acc[r][v]);
+}
+
+/* O = alpha O + P V for rows [i0, i0 + R) and dims [d0, d0 + 32) of a token's output o, over
+ * the step's nkp keys in order (each element one FMA chain, as in attend_tile). */
+INLINE void token_values(const float *const *vrow, const float (*sp)[KB], const float *alpha,
+                         float (*o)[MAX_D], int i0, int d0, int nkp, const int R) {
+    __m256 acc[3][4];
+    for (int r = 0; r < R; r++)
+        for (int c = 0; c < 4; c++)
+            acc[r][c] = _mm256_mul_ps(_mm256_load_ps(&o[i0 + r][d0 + 8 * c]),
+                                      _mm256_set1_ps(alpha[i0 + r]));
+    for (int j = 0; j < nkp; j++) {
+        __m256 p[3];
+        for (int r = 0; r < R; r++) p[r] = _mm256_broadcast_ss(&sp[i0 + r][j]);
+        for (int c = 0; c < 4; c++) {
+            const __m256 vd = _mm256_loadu_ps(vrow[j] + d0 + 8 * c);
+            for (int r = 0; r < R; r++) acc[r][c] = _mm256_fmadd_ps(p[r], vd, acc[r][c]);
+        }
+    }
+    for (int r = 0; r < R; r++)
+        for (int c = 0; c < 4; c++) _mm256_store_ps(&o[i0 + r][d0 + 8 * c], acc[r][c]);
+}
+
+/* One kv head's part of a token item: its rows' scaled queries, output and softmax state, and
+ * the key and value rows of the current KB-key step. */
+typedef struct {
     float q[8][MAX_D] __attribute__((aligned(32)));
     float o[8][MAX_D] __attribute__((aligned(32)));
-    float sp[8][KB] __attribute__((aligned(32))); /* [rows][keys]: scores, then P */
-    float m[8], l[8];
+    float m[8] __attribute__((aligned(32))), alpha[8] __attribute__((aligned(32)));
+    __m256 l; /* the rows' softmax denominators, a row a lane */
     const float *krow[KB], *vrow[KB];
-    for (int i = 0; i < n; i++) {
-        const int head = it->kh * group + (it->r0 + i) % group;
-        const float *src = a->q + (si->qs + t) * a->q_tok + head * a->q_head;
-        for (int d = 0; d < D; d++) {
-            q[i][d] = src[d] * a->qscale;
-            o[i][d] = 0.0f;
-        }
-        m[i] = -INFINITY;
-        l[i] = 0.0f;
-    }
-    for (int kb0 = 0; kb0 < lim; kb0 += KB) {
-        const int nk = lim - kb0 < KB ? lim - kb0 : KB;
-        const int nkp = (nk + 7) / 8 * 8;
-        key_rows(a, it->seq, it->kh, kb0, nk, krow, vrow);
-        for (int j = nk; j < nkp; j++) krow[j] = vrow[j] = zero_row;
-        /* S = q . K, 8 keys at a time: 8x8 blocks of K transposed, dims in order */
-        for (int j0 = 0; j0 < nkp; j0 += 8) {
-            __m256 acc[8];
-            for (int i = 0; i < n; i++) acc[i] = _mm256_setzero_ps();
-            for (int d0 = 0; d0 < D; d0 += 8) {
-                __m256 kt[8];
-                for (int j = 0; j < 8; j++) kt[j] = _mm256_loadu_ps(krow[j0 + j] + d0);
-                transpose8(kt);
-                for (int i = 0; i < n; i++)
-                    for (int d = 0; d < 8; d++)
-                        acc[i] = _mm256_fmadd_ps(_mm256_broadcast_ss(&q[i][d0 + d]), kt[d], acc[i]);
-            }
-            const __m256i key = _mm256_add_epi32(_mm256_set1_epi32(kb0 + j0),
-                                                 _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-            const __m256 seen = _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(lim), key));
-            for (int i = 0; i < n; i++)
-                _mm256_store_ps(&sp[i][j0],
-                                _mm256_blendv_ps(_mm256_set1_ps(-INFINITY), acc[i], seen));
-        }
-        for (int i = 0; i < n; i++) {
-            __m256 bm = _mm256_set1_ps(-INFINITY);
-            for (int j0 = 0; j0 < nkp; j0 += 8) bm = _mm256_max_ps(bm, _mm256_load_ps(&sp[i][j0]));
-            float lane[8] __attribute__((aligned(32)));
-            _mm256_store_ps(lane, bm);
-            float m_new = m[i];
-            for (int j = 0; j < 8; j++) m_new = lane[j] > m_new ? lane[j] : m_new;
-            _mm256_store_ps(lane, exp2_avx2(_mm256_set1_ps(m[i] - m_new)));
-            const float alpha = lane[0];
-            float sum = 0.0f;
-            for (int j0 = 0; j0 < nkp; j0 += 8) {
-                const __m256 p = exp2_avx2(_mm256_sub_ps(_mm256_load_ps(&sp[i][j0]),
-                                                         _mm256_set1_ps(m_new)));
-                _mm256_store_ps(&sp[i][j0], p);
-                for (int j = 0; j < 8; j++) sum += sp[i][j0 + j];
-            }
-            l[i] = fmaf(l[i], alpha, sum);
-            m[i] = m_new;
-            /* O = alpha O + P V, 64 dims (8 vectors) at a time, keys in order */
-            for (int d0 = 0; d0 < D; d0 += 64) {
-                __m256 acc[8];
-                for (int c = 0; c < 8; c++)
-                    acc[c] = _mm256_mul_ps(_mm256_load_ps(&o[i][d0 + 8 * c]), _mm256_set1_ps(alpha));
-                for (int j = 0; j < nkp; j++) {
-                    const __m256 p = _mm256_broadcast_ss(&sp[i][j]);
-                    for (int c = 0; c < 8; c++)
-                        acc[c] = _mm256_fmadd_ps(p, _mm256_loadu_ps(vrow[j] + d0 + 8 * c), acc[c]);
-                }
-                for (int c = 0; c < 8; c++) _mm256_store_ps(&o[i][d0 + 8 * c], acc[c]);
-            }
-        }
-    }
-    for (int i = 0; i < n; i++) {
-        const float inv = 1.0f / l[i]; /* rounded as attend_tile's vector division */
-        const int head = it->kh * group + (it->r0 + i) % group;
-        float *dst = a->out + (si->qs + t) * a->o_tok + head * a->o_head;
-        for (int d = 0; d < D; d++) dst[d] = o[i][d] * inv;
+} token_head;
+
+/* Reads a step's key and value rows once, a load per cache line, in address order: key by key,
+ * its keys of every head of the item (one pool slot's run), then its values. Pool blocks lie
+ * scattered, and the kernel's own reads (8 keys of one head at a time) leave the hardware
+ * prefetchers idle: a step then waited on memory line by line, and software prefetches did
+ * not help. Read this way first, the step's rows stream in (32 decode sequences of 350 keys
+ * from memory: 1.0-1.1 ms a layer instead of 1.6-1.8). */
+static void read_step_rows(const token_head *heads, int nkh, int nk, int D) {
+    for (int j = 0; j < nk; j++) {
+        for (int h = 0; h < nkh; h++)
+            for (int d = 0; d < D; d += 16) (void)*(const volatile float *)(heads[h].krow[j] + d);
+        for (int h = 0; h < nkh; h++)
+            for (int d = 0; d < D; d += 16) (void)*(const volatile float *)(heads[h].vrow[j] + d);
     }
 }
 
-static void run_tile(const attention_args *a, const tile_item *it) {
+/* One KB-key step of kv head h's rows (n of them): kt/sp are scratch. */
+static void token_head_step(const attention_args *a, token_head *h, int n, int nk, float *kt,
+                            float (*sp)[KB]) {
+    const int D = a->head_dim;
+    /* keys the step transposes: its scoring passes read 24 (3 rows) or 48 (1-2 rows) at a time */
+    const int pass_keys = n % 3 ? KB : 24;
+    const int nkp = (nk + 7) / 8 * 8, nkt = (nkp + pass_keys - 1) / pass_keys * pass_keys;
+    const float **krow = h->krow, **vrow = h->vrow;
+    for (int j = nk; j < nkt; j++) krow[j] = vrow[j] = zero_row;
+    for (int j0 = 0; j0 < nkt; j0 += 8) {
+        for (int d0 = 0; d0 < D; d0 += 8) {
+            __m256 kd[8];
+            for (int j = 0; j < 8; j++) kd[j] = _mm256_loadu_ps(krow[j0 + j] + d0);
+            transpose8(kd);
+            for (int d = 0; d < 8; d++) _mm256_store_ps(kt + (d0 + d) * KB + j0, kd[d]);
+        }
+    }
+    /* S = q . K: up to 3 rows against 24 keys, or 1-2 rows against 48, per pass */
+    for (int i0 = 0; i0 < n; i0 += 3) {
+        const int rows_left = n - i0;
+        for (int v0 = 0; 8 * v0 < nkp; v0 += rows_left >= 3 ? 3 : 6) {
+            if (rows_left >= 3)
+                token_scores(h->q, kt, D, i0, v0, sp, 3, 3);
+            else if (rows_left == 2)
+                token_scores(h->q, kt, D, i0, v0, sp, 2, 6);
+            else
+                token_scores(h->q, kt, D, i0, v0, sp, 1, 6);
+        }
+    }
+    /* keys past the last one (the padding up to 8) score -inf */
+    for (int i = 0; i < n; i++)
+        for (int j = nk; j < nkp; j++) sp[i][j] = -INFINITY;
+    for (int i = 0; i < n; i++) {
+        __m256 bm = _mm256_set1_ps(-INFINITY);
+        for (int j0 = 0; j0 < nkp; j0 += 8) bm = _mm256_max_ps(bm, _mm256_load_ps(&sp[i][j0]));
+        float lane[8] __attribute__((aligned(32)));
+        _mm256_store_ps(lane, bm);
+        float m_new = h->m[i];
+        for (int j = 0; j < 8; j++) m_new = lane[j] > m_new ? lane[j] : m_new;
+        h->alpha[i] = h->m[i] - m_new;
+        h->m[i] = m_new;
+        for (int j0 = 0; j0 < nkp; j0 += 8)
+            _mm256_store_ps(&sp[i][j0], exp2_avx2(_mm256_sub_ps(_mm256_load_ps(&sp[i][j0]),
+                                                                _mm256_set1_ps(m_new))));
+    }
+    for (int i = n; i < 8; i++) h->alpha[i] = 0.0f;
+    const __m256 alphav = exp2_avx2(_mm256_load_ps(h->alpha)); /* a row a lane */
+    _mm256_store_ps(h->alpha, alphav);
+    /* the rows' sums of P over the keys in order, a row a lane (P's 8x8 blocks transposed) */
+    __m256 sum = _mm256_setzero_ps();
+    for (int j0 = 0; j0 < nkp; j0 += 8) {
+        __m256 pt[8];
+        for (int i = 0; i < 8; i++) pt[i] = _mm256_load_ps(&sp[i][j0]);
+        transpose8(pt);
+        for (int j = 0; j < 8; j++) sum = _mm256_add_ps(sum, pt[j]);
+    }
+    h->l = _mm256_fmadd_ps(h->l, alphav, sum);
+    /* O = alpha O + P V: up to 3 rows x 32 dims at a time (12 chains), keys in order */
+    for (int i0 = 0; i0 < n; i0 += 3) {
+        const int rows_left = n - i0;
+        for (int d0 = 0; d0 < D; d0 += 32) {
+            if (rows_left >= 3)
+                token_values(vrow, sp, h->alpha, h->o, i0, d0, nkp, 3);
+            else if (rows_left == 2)
+                token_values(vrow, sp, h->alpha, h->o, i0, d0, nkp, 2);
+            else
+                token_values(vrow, sp, h->alpha, h->o, i0, d0, nkp, 1);
+        }
+    }
+}
+
+/* A token item: the rows of one query token's heads over kv heads [kh, kh + nkh), at most 8
+ * rows (one GQA group) a kv head, head_dim a multiple of 64. A decode step's 1-8 rows a kv
+ * head are too few to fill attend_tile's lanes, so the keys go in the lanes instead: each
+ * KB-key step transposes a head's keys into kt (8x8 blocks in registers) and scores up to 3
+ * rows against 24-48 keys at a time (9-12 independent FMA chains); the softmax sums run with
+ * the rows in the lanes (P transposed back), the values are read row by row. The kv heads of
+ * an item take each step in turn, so a pool slot's heads (contiguous) are read together:
+ * streaming one kv head's part of each slot alone reached half the memory bandwidth.
+ * The arithmetic is attend_tile's, operation for operation (the same dot products summed over
+ * d in order, the same KB-key softmax steps, the same sums over keys in order), so its
+ * outputs are bitwise attend_tile's. Returns -5 when out of memory. */
+static int attend_token_heads(const attention_args *a, const tile_item *it) {
+    const int D = a->head_dim, group = a->group, n = it->r1 - it->r0;
+    const seq_info *si = &a->seqs[it->seq];
+    const int t = it->r0 / group, lim = si->lim0 + t;
+    token_head *heads = aligned_alloc(32, sizeof(token_head) * (size_t)it->nkh);
+    if (!heads) return -5;
+    float kt[MAX_D * KB] __attribute__((aligned(32))); /* [D][KB]: a step's keys transposed */
+    float sp[8][KB] __attribute__((aligned(32)));      /* [rows][keys]: scores, then P */
+    for (int i = 0; i < 8; i++)
+        for (int j = 0; j < KB; j++) sp[i][j] = 0.0f; /* rows past n stay 0: they sum to 0 */
+    for (int hi = 0; hi < it->nkh; hi++) {
+        token_head *h = &heads[hi];
+        for (int i = 0; i < 8; i++) {
+            if (i < n) {
+                const int head = (it->kh + hi) * group + (it->r0 + i) % group;
+                const float *src = a->q + (si->qs + t) * a->q_tok + head * a->q_head;
+                for (int d = 0; d < D; d++) {
+                    h->q[i][d] = src[d] * a->qscale;
+                    h->o[i][d] = 0.0f;
+                }
+            }
+            h->m[i] = i < n ? -INFINITY : 0.0f; /* lanes past n stay finite */
+        }
+        h->l = _mm256_setzero_ps();
+    }
+    for (int kb0 = 0; kb0 < lim; kb0 += KB) {
+        const int nk = lim - kb0 < KB ? lim - kb0 : KB;
+        for (int hi = 0; hi < it->nkh; hi++)
+            key_rows(a, it->seq, it->kh + hi, kb0, nk, heads[hi].krow, heads[hi].vrow);
+        read_step_rows(heads, it->nkh, nk, D);
+        for (int hi = 0; hi < it->nkh; hi++) token_head_step(a, &heads[hi], n, nk, kt, sp);
+    }
+    for (int hi = 0; hi < it->nkh; hi++) {
+        const token_head *h = &heads[hi];
+        float inv[8] __attribute__((aligned(32)));
+        _mm256_store_ps(inv, _mm256_div_ps(_mm256_set1_ps(1.0f), h->l)); /* as attend_tile */
+        for (int i = 0; i < n; i++) {
+            const int head = (it->kh + hi) * group + (it->r0 + i) % group;
+            float *dst = a->out + (si->qs + t) * a->o_tok + head * a->o_head;
+            for (int d = 0; d < D; d++) dst[d] = h->o[i][d] * inv[i];
+        }
+    }
+    free(heads);
+    return 0;
+}
+
+/* Whether sequence s's rows run as token items: one query token (a decode step), a GQA group
+ * of at most 8 heads, head_dim a multiple of 64. */
+static int token_items(const seq_info *si, int group, int head_dim) {
+    return si->nq == 1 && group <= 8 && head_dim % 64 == 0;
+}
+
+/* Returns 0, or -5 when out of memory. */
+static int run_item(const attention_args *a, const tile_item *it) {
     const int n = it->r1 - it->r0;
-    if (n <= 8 && a->head_dim % 64 == 0 && it->r0 / a->group == (it->r1 - 1) / a->group)
-        attend_token_rows(a, it);
-    else if (n > 16)
+    if (token_items(&a->seqs[it->seq], a->group, a->head_dim))
+        return attend_token_heads(a, it);
+    if (n > 16)
         attend_tile(a, it, 3, 4, 4);
     else if (n > 8)
         attend_tile(a, it, 2, 6, 4);
     else
         attend_tile(a, it, 1, 12, 8);
+    return 0;
 }
 
 /*
@@ -344,7 +464,7 @@ int pa_f32_attention(const float *q, int64_t q_tok, int64_t q_head, const float 
     seq_info *seqs = malloc(sizeof(seq_info) * (size_t)(num_seqs > 0 ? num_seqs : 1));
     if (!seqs) return -5;
     const int group = num_heads / num_kv_heads;
-    int64_t num_items = 0;
+    int64_t num_items = 0, token_seqs = 0;
     int status = 0;
     for (int s = 0; s < num_seqs && !status; s++) {
         seq_info *si = &seqs[s];
@@ -372,7 +492,14 @@ int pa_f32_attention(const float *q, int64_t q_tok, int64_t q_head, const float 
             if (id < 0 || id >= num_blocks) status = -4;
         }
         if (si->nq > 0) num_items += num_kv_heads * (((int64_t)si->nq * group + TILE - 1) / TILE);
+        token_seqs += token_items(si, group, head_dim);
     }
+    /* A token item takes several kv heads when there are sequences enough to keep the threads
+     * busy; one sequence alone keeps a kv head an item, for the parallelism. */
+    const int heads_per_token_item =
+        token_seqs >= 4 * (int64_t)num_threads ? (num_kv_heads < TOKEN_HEADS ? num_kv_heads
+                                                                            : TOKEN_HEADS)
+                                               : 1;
     tile_item *items = status ? NULL : malloc(sizeof(tile_item) * (size_t)(num_items + 1));
     if (!status && !items) status = -5;
     if (status) {
@@ -383,9 +510,17 @@ int pa_f32_attention(const float *q, int64_t q_tok, int64_t q_head, const float 
     int64_t next = 0;
     for (int s = 0; s < num_seqs; s++) {
         const int rows = seqs[s].nq * group;
+        if (token_items(&seqs[s], group, head_dim)) {
+            for (int kh = 0; kh < num_kv_heads; kh += heads_per_token_item) {
+                const int nkh = num_kv_heads - kh < heads_per_token_item ? num_kv_heads - kh
+                                                                          : heads_per_token_item;
+                items[next++] = (tile_item){s, kh, 0, rows, nkh};
+            }
+            continue;
+        }
         for (int kh = 0; kh < num_kv_heads; kh++)
             for (int r0 = 0; r0 < rows; r0 += TILE)
-                items[next++] = (tile_item){s, kh, r0, r0 + TILE < rows ? r0 + TILE : rows};
+                items[next++] = (tile_item){s, kh, r0, r0 + TILE < rows ? r0 + TILE : rows, 1};
     }
     const attention_args args = {
         q, k, v, k_cache, v_cache, q_tok, q_head, k_tok, k_head, v_tok, v_head, o_tok, o_head,
@@ -394,8 +529,13 @@ int pa_f32_attention(const float *q, int64_t q_tok, int64_t q_head, const float 
     };
     /* costliest first (the most keys), so the dynamic schedule ends evenly */
 #pragma omp parallel for schedule(dynamic, 1) num_threads(num_threads)
-    for (int64_t i = 0; i < num_items; i++) run_tile(&args, &items[num_items - 1 - i]);
+    for (int64_t i = 0; i < next; i++) {
+        if (run_item(&args, &items[next - 1 - i])) {
+#pragma omp atomic write
+            status = -5;
+        }
+    }
     free(items);
     free(seqs);
-    return 0;
+    return status;
 }

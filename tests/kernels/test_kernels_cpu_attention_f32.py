@@ -174,6 +174,39 @@ def test_chunked_cached_and_decoded_tokens_are_bitwise_equal(threads: int) -> No
     assert torch.equal(decoded, whole[-1:])
 
 
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("group", [1, 2, 3, 4, 5, 7, 8])
+@pytest.mark.parametrize("kv_heads", [2, 6])
+@pytest.mark.parametrize("batch", ["one", "many"])
+def test_decode_is_bitwise_the_prefill_row_for_every_group(
+    group: int, head_dim: int, kv_heads: int, batch: str, threads: int
+) -> None:
+    """A decode step's rows (1-8 heads of one token, scored 1-3 rows at a time against keys
+    transposed into the lanes) give the same bits as that token's row in a prefill (query
+    rows in the lanes), at lengths on both sides of the 48-key softmax steps; with one
+    sequence a work item is one kv head, with many it takes up to 4 of them."""
+    block_size, total = 16, 100
+    heads = kv_heads * group
+    q, k, v, _ = varlen_queries([total], heads, kv_heads, head_dim)
+    blocks = -(-total // block_size)
+    shape = (blocks + 1, block_size, kv_heads, head_dim)
+    k_cache, v_cache = torch.zeros(shape), torch.zeros(shape)
+    table = torch.randperm(blocks + 1)[:blocks].to(torch.int32)[None]  # [1, blocks]
+    slots = (table[0].long()[:, None] * block_size + torch.arange(block_size)).reshape(-1)
+    scale = head_dim**-0.5
+    whole = paged_prefill_attention_f32(
+        q, k, v, k_cache, v_cache, table, torch.tensor([0, total], dtype=torch.int32),
+        torch.zeros(1, dtype=torch.int32), scale,
+    )  # fmt: skip
+    store_kv_reference(k, v, k_cache, v_cache, slots[:total])
+    positions = [0, 1, 7, 46, 47, 48, 49, 95, 96, 99] if batch == "many" else [97]
+    decoded = paged_decode_attention_f32(
+        q[positions], k_cache, v_cache, table.expand(len(positions), -1),
+        torch.tensor(positions, dtype=torch.int32) + 1, scale,
+    )  # fmt: skip
+    assert torch.equal(decoded, whole[positions])
+
+
 def test_bad_inputs_raise() -> None:
     pool = make_pool([40], 1, 64, 16, num_blocks=8)
     q = torch.zeros((1, 1, 64))
