@@ -36,6 +36,7 @@ from prefixcache.kernels.model_ops import (
     apply_rotary_,
     rms_norm,
     silu_and_mul,
+    uses_cpu_f32_model_ops,
     uses_cpu_model_ops,
 )
 from prefixcache.kernels.quantization import KV_CACHE_DTYPES, kv_storage_dtype
@@ -60,6 +61,8 @@ def store_kv(
         impl = triton_kernels().store_kv_triton
     elif k_scale is None and uses_cpu_model_ops(k, v, k_cache, v_cache):
         impl = cpu_kernels().store_kv_cpu
+    elif k_scale is None and v_scale is None and uses_cpu_f32_model_ops(k, v, k_cache, v_cache):
+        impl = cpu_kernels().store_kv_f32
     else:
         impl = store_kv_reference
     impl(k, v, k_cache, v_cache, slot_mapping, k_scale, v_scale)

@@ -14,7 +14,8 @@ whether a given call qualifies (bf16 queries over a bf16, or a scaled int8 / fp8
 A float32 engine's attention, projections and elementwise ops have kernels of their own,
 built for AVX2 and FMA only (``paged_attention_f32``: ``f32_attention_available``,
 ``f32_kernel_supports``; ``linear_f32``: ``f32_linear_supports``, ``pack_f32_weight``;
-``model_ops_f32``: ``f32_model_ops_support``), so they run on CPUs without AVX-512 too.
+``model_ops_f32``: ``f32_model_ops_support``, and ``store_kv_f32``), so they run on CPUs
+without AVX-512 too.
 Otherwise use the references in ``prefixcache.kernels.reference``, which have the same
 signatures.
 """
@@ -51,6 +52,7 @@ from prefixcache.kernels.cpu.model_ops_f32 import (
     f32_model_ops_support,
     rms_norm_f32,
     silu_and_mul_f32,
+    store_kv_f32,
 )
 from prefixcache.kernels.cpu.paged_attention import (
     cpu_attention_available,
@@ -105,4 +107,5 @@ __all__ = [
     "silu_and_mul_cpu",
     "silu_and_mul_f32",
     "store_kv_cpu",
+    "store_kv_f32",
 ]

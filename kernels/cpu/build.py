@@ -178,6 +178,13 @@ def _build(spec: LibrarySpec) -> ctypes.CDLL:
     return lib
 
 
+# pc_store_kv / pc_f32_store_kv: k, token stride, head stride, v, token stride, head stride,
+# k_cache, v_cache, slots (int64), tokens, num_kv_heads, head_dim, num_slots
+STORE_KV_ARGTYPES = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64] * 2 + [
+    ctypes.c_void_p
+] * 3 + [ctypes.c_int64] * 4
+
+
 def _declare(lib: ctypes.CDLL) -> None:
     ptr, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
     lib.pa_paged_attention.restype = i32
@@ -226,11 +233,7 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.pc_copy_blocks.restype = i32
     lib.pc_copy_blocks.argtypes = [ptr, i64, i64, i64, ptr, i64, ptr]  # pools, n, bytes, ...
     lib.pc_store_kv.restype = i32
-    lib.pc_store_kv.argtypes = [
-        ptr, i64, i64, ptr, i64, i64,  # k, token stride, head stride, v, ...
-        ptr, ptr, ptr,  # k_cache, v_cache, slots (int64)
-        i64, i64, i64, i64,  # tokens, num_kv_heads, head_dim, num_slots
-    ]  # fmt: skip
+    lib.pc_store_kv.argtypes = STORE_KV_ARGTYPES
     lib.pc_work_runs_drain.restype = i64
     lib.pc_work_runs_drain.argtypes = [i64, i32, i32, ptr]  # n, runs, tid, out int64[n]
     lib.pc_screen_pack.restype = i32
@@ -271,6 +274,8 @@ def _declare_f32(lib: ctypes.CDLL) -> None:
     lib.pc_f32_silu_and_mul.argtypes = [ptr, i64, ptr, i64, i64, i64, i32]
     lib.pc_f32_rotary.restype = None
     lib.pc_f32_rotary.argtypes = [ptr, i64, i64, ptr, i64, i64, i64, i64, i32]
+    lib.pc_f32_store_kv.restype = i32
+    lib.pc_f32_store_kv.argtypes = STORE_KV_ARGTYPES
 
 
 AVX512_LIBRARY = LibrarySpec(

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 import torch
 
 from prefixcache.kernels.cpu.build import load_library
+from prefixcache.kernels.cpu.tensor_args import store_kv_args
 
 
 def cpu_model_ops_support(*tensors: torch.Tensor) -> bool:
@@ -144,24 +145,14 @@ def store_kv_cpu(
 ) -> None:
     """Write token i's k/v into flat slot ``slot_mapping[i]`` of a contiguous bf16 pool; tokens
     with slot -1 are skipped. ValueError (nothing written) for a slot outside the pool."""
-    if k_scale is not None or v_scale is not None:
-        raise ValueError("a bf16 pool takes no k/v scales")
-    _check_rows("k", k, 3)
-    _check_rows("v", v, 3)
-    for name, cache in (("k_cache", k_cache), ("v_cache", v_cache)):
-        if cache.dtype is not torch.bfloat16 or not cache.is_contiguous() or cache.dim() != 4:
-            raise ValueError(f"{name} must be a contiguous 4-D bfloat16 pool")
-    num_blocks, block_size, num_kv_heads, head_dim = k_cache.shape
-    tokens = k.shape[0]
-    if v_cache.shape != k_cache.shape or k.shape != (tokens, num_kv_heads, head_dim):
-        raise ValueError("k, v, k_cache and v_cache shapes disagree")
-    if v.shape != k.shape or slot_mapping.shape != (tokens,):
-        raise ValueError("v and slot_mapping must match k's tokens")
-    slots = slot_mapping.to(torch.int64).contiguous()
+    slots, num_slots = store_kv_args(
+        k, v, k_cache, v_cache, slot_mapping, k_scale, v_scale, torch.bfloat16
+    )
+    num_kv_heads, head_dim = k_cache.shape[2:]
     status = _library().pc_store_kv(
         k.data_ptr(), k.stride(0), k.stride(1), v.data_ptr(), v.stride(0), v.stride(1),
-        k_cache.data_ptr(), v_cache.data_ptr(), slots.data_ptr(), tokens, num_kv_heads,
-        head_dim, num_blocks * block_size,
+        k_cache.data_ptr(), v_cache.data_ptr(), slots.data_ptr(), k.shape[0], num_kv_heads,
+        head_dim, num_slots,
     )  # fmt: skip
     if status:
         raise ValueError("slot_mapping has a slot outside [-1, num_blocks * block_size)")

@@ -1,6 +1,7 @@
 /*
  * The decoder's elementwise ops in float32 for x86-64 CPUs with AVX2 and FMA: RMSNorm (with
- * the residual add fused in), RoPE in place, SiLU-and-mul. One pass over memory each, where
+ * the residual add fused in), RoPE in place, SiLU-and-mul; and the store of new keys and
+ * values into the paged pool. One pass over memory each, where
  * torch makes one per elementwise step; rows split over OpenMP threads when there are enough.
  * Results equal torch's float32 ops to rounding (the sum of squares and exp() run in another
  * order); each row's result depends on that row alone.
@@ -8,6 +9,7 @@
 #include <immintrin.h>
 #include <math.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "simd_math_avx2.h"
 
@@ -94,4 +96,28 @@ void pc_f32_rotary(float *x, int64_t token_stride, int64_t head_stride, const fl
             }
         }
     }
+}
+
+/*
+ * Copies token t's keys and values (num_kv_heads rows of head_dim, at the given token and head
+ * strides) into flat slot slots[t] of a float32 pool [num_slots][num_kv_heads][head_dim]; slot
+ * -1 skips the token. Returns 0, or -1 (nothing written) when a slot is outside [-1, num_slots).
+ */
+int pc_f32_store_kv(const float *k, int64_t k_token_stride, int64_t k_head_stride,
+                    const float *v, int64_t v_token_stride, int64_t v_head_stride,
+                    float *k_cache, float *v_cache, const int64_t *slots, int64_t tokens,
+                    int64_t num_kv_heads, int64_t head_dim, int64_t num_slots) {
+    for (int64_t t = 0; t < tokens; t++)
+        if (slots[t] < -1 || slots[t] >= num_slots) return -1;
+    const size_t row_bytes = (size_t)head_dim * sizeof(float);
+    const int64_t slot_elements = num_kv_heads * head_dim;
+    for (int64_t t = 0; t < tokens; t++) {
+        if (slots[t] < 0) continue;
+        float *kd = k_cache + slots[t] * slot_elements, *vd = v_cache + slots[t] * slot_elements;
+        for (int64_t h = 0; h < num_kv_heads; h++) {
+            memcpy(kd + h * head_dim, k + t * k_token_stride + h * k_head_stride, row_bytes);
+            memcpy(vd + h * head_dim, v + t * v_token_stride + h * v_head_stride, row_bytes);
+        }
+    }
+    return 0;
 }

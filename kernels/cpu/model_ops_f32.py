@@ -1,5 +1,6 @@
 """The decoder's elementwise ops on float32 CPU tensors through the compiled AVX2/FMA kernels
-(``model_ops_f32.c``): RMSNorm with the residual add, RoPE in place, SiLU-and-mul.
+(``model_ops_f32.c``): RMSNorm with the residual add, RoPE in place, SiLU-and-mul; and the
+store of new keys and values into a float32 pool.
 
 Same signatures and semantics as ``prefixcache.kernels.reference.model_ops``; results equal
 the reference's to float32 rounding (the sum of squares and exp() run in another order), each
@@ -13,6 +14,7 @@ from __future__ import annotations
 import torch
 
 from prefixcache.kernels.cpu.build import load_f32_library
+from prefixcache.kernels.cpu.tensor_args import store_kv_args
 from prefixcache.kernels.reference.model_ops import (
     add_rms_norm_reference_,
     apply_rotary_reference_,
@@ -111,3 +113,28 @@ def silu_and_mul_f32(
             gate_up.shape[0], inter, torch.get_num_threads(),
         )  # fmt: skip
     return out
+
+
+def store_kv_f32(
+    k: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim] float32
+    v: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim] float32
+    k_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim] float32
+    v_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim] float32
+    slot_mapping: torch.Tensor,  # [num_tokens] int, slot = block * block_size + offset; -1 skip
+    k_scale: torch.Tensor | None = None,  # must be None: a float32 pool takes no scales
+    v_scale: torch.Tensor | None = None,
+) -> None:
+    """Write token i's k/v into flat slot ``slot_mapping[i]`` of a contiguous float32 pool;
+    tokens with slot -1 are skipped. ValueError (nothing written) for a slot outside the
+    pool."""
+    slots, num_slots = store_kv_args(
+        k, v, k_cache, v_cache, slot_mapping, k_scale, v_scale, torch.float32
+    )
+    num_kv_heads, head_dim = k_cache.shape[2:]
+    status = load_f32_library().pc_f32_store_kv(
+        k.data_ptr(), k.stride(0), k.stride(1), v.data_ptr(), v.stride(0), v.stride(1),
+        k_cache.data_ptr(), v_cache.data_ptr(), slots.data_ptr(), k.shape[0], num_kv_heads,
+        head_dim, num_slots,
+    )  # fmt: skip
+    if status:
+        raise ValueError("slot_mapping has a slot outside [-1, num_blocks * block_size)")

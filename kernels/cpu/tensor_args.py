@@ -25,3 +25,38 @@ def int32_tensor(x: torch.Tensor) -> torch.Tensor:
     if x.dtype is not torch.int32 or not x.is_cpu or not x.is_contiguous():
         x = x.to(device="cpu", dtype=torch.int32).contiguous()
     return x
+
+
+def store_kv_args(
+    k: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
+    v: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
+    k_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
+    v_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
+    slot_mapping: torch.Tensor,  # [num_tokens] int
+    k_scale: torch.Tensor | None,
+    v_scale: torch.Tensor | None,
+    dtype: torch.dtype,
+) -> tuple[torch.Tensor, int]:  # (slots [num_tokens] int64 contiguous, slots in the pool)
+    """The arguments of a compiled store of new k/v into a contiguous ``dtype`` pool, checked
+    (CPU ``dtype`` tensors of agreeing shapes, unit stride along head_dim, no scales);
+    ValueError naming the problem otherwise."""
+    if k_scale is not None or v_scale is not None:
+        raise ValueError(f"a {dtype} pool takes no k/v scales")
+    for name, x in (("k", k), ("v", v)):
+        if x.dtype is not dtype or not x.is_cpu:
+            raise ValueError(f"{name} must be a CPU {dtype} tensor, got {x.dtype} on {x.device}")
+        if x.dim() != 3 or (x.numel() and x.stride(-1) != 1):
+            raise ValueError(
+                f"{name} must be 3-D with a contiguous last dimension, got shape "
+                f"{tuple(x.shape)} and strides {x.stride()}"
+            )
+    for name, cache in (("k_cache", k_cache), ("v_cache", v_cache)):
+        if cache.dtype is not dtype or not cache.is_contiguous() or cache.dim() != 4:
+            raise ValueError(f"{name} must be a contiguous 4-D {dtype} pool")
+    num_blocks, block_size, num_kv_heads, head_dim = k_cache.shape
+    tokens = k.shape[0]
+    if v_cache.shape != k_cache.shape or k.shape != (tokens, num_kv_heads, head_dim):
+        raise ValueError("k, v, k_cache and v_cache shapes disagree")
+    if v.shape != k.shape or slot_mapping.shape != (tokens,):
+        raise ValueError("v and slot_mapping must match k's tokens")
+    return slot_mapping.to(torch.int64).contiguous(), num_blocks * block_size

@@ -1,22 +1,24 @@
 """The compiled float32 (AVX2/FMA) elementwise ops against the torch references: equal to
 float32 rounding (atol = rtol = 1e-5 for unit-scale inputs), the residual sum bitwise; shapes
 the kernels do not take fall back to the reference; the dispatch routes float32 CPU tensors
-here."""
+here. The store of new k/v into a float32 pool writes the reference's bytes."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from prefixcache.kernels import add_rms_norm_, apply_rotary_, rms_norm, silu_and_mul
+from prefixcache.kernels import add_rms_norm_, apply_rotary_, rms_norm, silu_and_mul, store_kv
 from prefixcache.kernels.cpu import (
     add_rms_norm_f32_,
     apply_rotary_f32_,
     f32_model_ops_support,
     rms_norm_f32,
     silu_and_mul_f32,
+    store_kv_f32,
 )
 from prefixcache.kernels.cpu.build import F32_LIBRARY, unavailable_reason
+from prefixcache.kernels.reference.kv_store import store_kv_reference
 from prefixcache.kernels.reference.model_ops import (
     add_rms_norm_reference_,
     apply_rotary_reference_,
@@ -88,3 +90,36 @@ def test_dispatch_routes_float32_cpu_tensors_here() -> None:
     assert torch.equal(add_rms_norm_(a, ra, weight, 1e-5), add_rms_norm_f32_(b, rb, weight, 1e-5))
     qkv, cos_sin = randn(20, 5, 64), randn(20, 2, 64, seed=3)
     assert torch.equal(apply_rotary_(qkv.clone(), cos_sin), apply_rotary_f32_(qkv.clone(), cos_sin))
+
+
+def test_store_kv_writes_the_reference_bytes() -> None:
+    """Strided k/v views of a fused qkv, skipped tokens (slot -1), any slot order; the
+    dispatch routes a float32 pool here."""
+    qkv = randn(40, 15, 64)
+    slots = torch.randperm(10 * 16, generator=torch.Generator().manual_seed(1))[:40]
+    slots[[3, 17]] = -1
+    shape = (10, 16, 3, 64)
+    got_k, got_v = torch.zeros(shape), torch.zeros(shape)
+    expected_k, expected_v = got_k.clone(), got_v.clone()
+    store_kv_f32(qkv[:, 9:12], qkv[:, 12:], got_k, got_v, slots)
+    store_kv_reference(qkv[:, 9:12], qkv[:, 12:], expected_k, expected_v, slots)
+    assert torch.equal(got_k, expected_k) and torch.equal(got_v, expected_v)
+    assert expected_k.any() and expected_v.any()  # the comparison is of written pools
+    dispatched_k, dispatched_v = torch.zeros(shape), torch.zeros(shape)
+    store_kv(qkv[:, 9:12], qkv[:, 12:], dispatched_k, dispatched_v, slots)
+    assert torch.equal(dispatched_k, expected_k) and torch.equal(dispatched_v, expected_v)
+
+
+def test_store_kv_rejects_bad_arguments_and_writes_nothing() -> None:
+    k = torch.ones(3, 2, 32)
+    k_cache, v_cache = torch.zeros(4, 8, 2, 32), torch.zeros(4, 8, 2, 32)
+    for bad in (32, -2):
+        with pytest.raises(ValueError, match="slot"):
+            store_kv_f32(k, k, k_cache, v_cache, torch.tensor([0, 1, bad]))
+    with pytest.raises(ValueError, match="no k/v scales"):
+        store_kv_f32(k, k, k_cache, v_cache, torch.arange(3), torch.ones(()))
+    with pytest.raises(ValueError, match="float32"):
+        store_kv_f32(k.double(), k, k_cache, v_cache, torch.arange(3))
+    with pytest.raises(ValueError, match="shapes disagree"):
+        store_kv_f32(torch.ones(3, 1, 32), k, k_cache, v_cache, torch.arange(3))
+    assert not k_cache.any() and not v_cache.any()
