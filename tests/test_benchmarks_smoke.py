@@ -129,6 +129,7 @@ def test_cpu_attention_f32_quick(tmp_path):
         "cold prefill, 1,637 tokens",
         "64 new over 1,637 cached",
         "decode, 32 sequences x 300-400",
+        "decode, 32 x 300-400, 30 layers' pools",
         "decode, 1 sequence x 1,701",
     ]
     for case in result["cases"]:
