@@ -1,9 +1,11 @@
 """The fused compiled decoder layers against the same compiled ops dispatched one by one.
 
-SmolLM2 in bf16 on CPU, one engine, the two paths alternating round by round (the separate
-path is what the engine runs when the runner offers no ``paged_step``): decode time per token
-of one sequence after a 1,637-token cached prompt, and warm TTFT of 64 new tokens over that
-prompt. Medians of the rounds; both paths give bitwise the same logits (tested).
+SmolLM2 on CPU in the engine's default dtype there (bf16 where the CPU has AVX512-BF16, else
+float32, each with its own compiled library), one engine, the two paths alternating round by
+round (the separate path is what the engine runs when the runner offers no ``paged_step``):
+decode time per token of one sequence after a 1,637-token cached prompt, and warm TTFT of 64
+new tokens over that prompt. Medians of the rounds; both paths give bitwise the same logits
+(tested).
 
     python benchmarks/fused_layer.py [--rounds 6] [--threads 2] [--out results/fused_layer.json]
 """
@@ -52,11 +54,12 @@ def main() -> None:
                 samples[mode]["warm_ttft_s"].append(timed_first_token(llm, prompt + suffix))
     finally:
         PagedAttention.paged_step = fused_step
-    report: dict = {"threads": args.threads, "rounds": args.rounds}
+    report: dict = {"threads": args.threads, "rounds": args.rounds, "dtype": str(llm.dtype)}
     for mode, values in samples.items():
         report[mode] = {name: statistics.median(v) for name, v in values.items()}
     for name in ("tpot_s", "warm_ttft_s"):
         report[f"{name}_fused_over_separate"] = report["fused"][name] / report["separate"][name]
+    print(f"SmolLM2, {llm.dtype}, {args.threads} threads")
     print(
         f"decode per token:   fused {report['fused']['tpot_s'] * 1e3:6.2f} ms   separate "
         f"{report['separate']['tpot_s'] * 1e3:6.2f} ms   ratio "

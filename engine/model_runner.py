@@ -19,7 +19,7 @@ from prefixcache.kernels import (
     paged_prefill_attention,
     store_kv,
 )
-from prefixcache.kernels.cpu.decoder_layer import PagedStep
+from prefixcache.kernels.cpu.decoder_layer import FUSED_DTYPES, PagedStep
 from prefixcache.kernels.quantization import read_stored
 
 
@@ -57,12 +57,12 @@ class PagedAttention:
 
     def paged_step(self, layer_idx: int) -> tuple[PagedStep, torch.Tensor, torch.Tensor] | None:
         """The step's inputs for the fused CPU decoder layer with layer ``layer_idx``'s K and V
-        pools, or None where that layer cannot run fused (a quantized or non-CPU pool, the
-        kernel backend not "auto")."""
+        pools, or None where that layer cannot run fused (a quantized or non-CPU pool, one
+        neither bf16 nor float32, the kernel backend not "auto")."""
         k_cache = self.kv.k[layer_idx]
         if (
             self.kv.k_scale[layer_idx] is not None
-            or k_cache.dtype is not torch.bfloat16
+            or k_cache.dtype not in FUSED_DTYPES
             or not k_cache.is_cpu
             or get_kernel_backend() != "auto"
         ):

@@ -8,10 +8,10 @@ CPU, and the pure-torch reference elsewhere.
 Pools may be quantized (fp8 e4m3 or int8, scaled, see ``prefixcache.kernels.quantization``):
 ``store_kv`` quantizes, attention dequantizes. The elementwise ops (``rms_norm``,
 ``add_rms_norm_``, ``apply_rotary_``, ``silu_and_mul``, see ``prefixcache.kernels.model_ops``)
-run compiled on bf16 CPU tensors, in torch elsewhere. ``prefixcache.kernels.cpu`` also holds
-a bf16 GEMM over weights packed once (``linear_cpu``, oracle in ``reference.linear``) and
-whole decoder layers, a run of them per call (``decoder_layers_cpu``), which the engine calls
-directly.
+and ``store_kv`` run compiled on bf16 and float32 CPU tensors, in torch elsewhere.
+``prefixcache.kernels.cpu`` also holds GEMMs over weights packed once (bf16 ``linear_cpu``,
+oracle in ``reference.linear``; float32 ``linear_f32``) and whole decoder layers, bf16 or
+float32, a run of them per call (``decoder_layers_cpu``), which the engine calls directly.
 Never imports the engine or the integrations.
 """
 

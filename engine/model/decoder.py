@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from prefixcache.kernels.cpu.decoder_layer import LayerWeights, PagedStep
+from prefixcache.kernels.cpu.decoder_layer import FUSED_DTYPES, LayerWeights, PagedStep
 from prefixcache.kernels.dispatch import cpu_kernels
 
 from ..model_config import ModelConfig
@@ -76,11 +76,13 @@ class DecoderLayer(nn.Module):
     def fused_weights(self) -> LayerWeights | None:
         """This layer's weights for the fused compiled layers
         (`prefixcache.kernels.cpu.decoder_layers_cpu`; cached while the packed weights stay
-        the same), or None: a projection not on the compiled GEMM, norms not bf16, or shapes
-        the fused layer does not take."""
+        the same), or None: norms neither bf16 nor float32, a projection not on that dtype's
+        compiled GEMM, or shapes the fused layer does not take."""
         attn, mlp = self.attn, self.mlp
         linears = (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)
-        if not all(isinstance(m, PackedLinear) and m.compiled for m in linears):
+        dtype = self.input_norm.weight.dtype
+        gemm = "compiled" if dtype is torch.bfloat16 else "compiled_f32"  # the flag to hold
+        if not all(isinstance(m, PackedLinear) and getattr(m, gemm) for m in linears):
             return None
         cached = self._fused_cache
         if cached is not None and all(
@@ -88,10 +90,14 @@ class DecoderLayer(nn.Module):
         ):
             return cached[1]
         norms = (self.input_norm.weight, self.post_attention_norm.weight)
-        usable = all(w.dtype is torch.bfloat16 and w.is_contiguous() for w in norms) and (
-            cpu_kernels().fused_layer_supported(
+        bias = attn.qkv_proj.bias
+        usable = (
+            dtype in FUSED_DTYPES
+            and all(w.dtype is dtype and w.is_contiguous() for w in norms)
+            and (bias is None or bias.dtype is dtype)
+            and cpu_kernels().fused_layer_supported(
                 attn.qkv_proj.in_features, attn.num_heads, attn.num_kv_heads, attn.head_dim,
-                mlp.intermediate_size,
+                mlp.intermediate_size, dtype,
             )
         )
         weights = None
@@ -170,10 +176,10 @@ class CausalLM(nn.Module):
         residual: Tensor | None = None
         fused = self._fused_run(attention, hidden)
         if fused is not None and (output_rows is None or output_rows is fused[1].sample_rows):
-            # every layer, and the final norm where its weight is bf16 as the layers' norms
-            # are, as one compiled call: the same kernels and results as op by op
+            # every layer, and the final norm where its weight has the layers' dtype, as one
+            # compiled call: the same kernels and results as op by op
             final = self.norm.weight
-            fold = final.dtype is torch.bfloat16 and final.is_cpu and final.is_contiguous()
+            fold = final.dtype is hidden.dtype and final.is_cpu and final.is_contiguous()
             hidden, residual = cpu_kernels().decoder_layers_cpu(
                 hidden, None, cos_sin, *fused, sampled_rows_only=output_rows is not None,
                 final_norm=(final, self.norm.eps) if fold else None,
@@ -201,10 +207,10 @@ class CausalLM(nn.Module):
     def _fused_run(self, attention: AttentionFn, hidden: Tensor
                    ) -> tuple[list[LayerWeights], PagedStep, list[Tensor], list[Tensor]] | None:
         """`decoder_layers_cpu`'s weights, step and pools for every layer, or None unless
-        every one of them can run fused: bf16 on CPU, compiled GEMM weights, and an attention
-        that offers `paged_step` (the paged runner over bf16 pools)."""
+        every one of them can run fused: bf16 or float32 on CPU, compiled GEMM weights, and an
+        attention that offers `paged_step` (the paged runner over bf16 or float32 pools)."""
         paged_step = getattr(attention, "paged_step", None)
-        if paged_step is None or hidden.dtype is not torch.bfloat16 or not hidden.is_cpu:
+        if paged_step is None or hidden.dtype not in FUSED_DTYPES or not hidden.is_cpu:
             return None
         plan = self._fused_layers()
         if plan is None:

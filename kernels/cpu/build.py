@@ -44,7 +44,12 @@ SOURCES = tuple(
         "work_runs.c", "greedy_screen.c",
     )
 )  # fmt: skip
-HEADERS = (_HERE / "cpu_kernels.h", _HERE / "simd_math.h", _HERE / "work_runs.h")
+HEADERS = tuple(
+    _HERE / name
+    for name in (
+        "cpu_kernels.h", "simd_math.h", "work_runs.h", "layer_args.h", "thread_scratch.h",
+    )
+)  # fmt: skip
 REQUIRED_CPU_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_bf16")
 # -fschedule-insns with -fsched-pressure: gcc also schedules before register allocation,
 # minding register pressure; the GEMM epilogues and the attention's softmax interleave better
@@ -54,9 +59,15 @@ COMPILE_FLAGS = (
     "-mavx512bf16", "-mfma", "-fopenmp", "-fschedule-insns", "-fsched-pressure",
 )  # fmt: skip
 F32_SOURCES = tuple(
-    _HERE / name for name in ("paged_attention_f32.c", "linear_f32.c", "model_ops_f32.c")
+    _HERE / name
+    for name in (
+        "paged_attention_f32.c", "linear_f32.c", "model_ops_f32.c", "decoder_layer_f32.c",
+    )
+)  # fmt: skip
+F32_HEADERS = tuple(
+    _HERE / name
+    for name in ("simd_math_avx2.h", "cpu_kernels_f32.h", "layer_args.h", "thread_scratch.h")
 )
-F32_HEADERS = (_HERE / "simd_math_avx2.h",)
 F32_REQUIRED_CPU_FLAGS = ("avx2", "fma")
 F32_COMPILE_FLAGS = ("-O3", "-fPIC", "-std=gnu11", "-mavx2", "-mfma", "-fopenmp")
 
@@ -276,6 +287,10 @@ def _declare_f32(lib: ctypes.CDLL) -> None:
     lib.pc_f32_rotary.argtypes = [ptr, i64, i64, ptr, i64, i64, i64, i64, i32]
     lib.pc_f32_store_kv.restype = i32
     lib.pc_f32_store_kv.argtypes = STORE_KV_ARGTYPES
+    lib.pc_f32_decoder_layers.restype = i32
+    lib.pc_f32_decoder_layers.argtypes = [ptr, i64, ptr, ptr]  # layers, n, step, failed
+    lib.pc_f32_release_layer_scratch.restype = None
+    lib.pc_f32_release_layer_scratch.argtypes = []
 
 
 AVX512_LIBRARY = LibrarySpec(

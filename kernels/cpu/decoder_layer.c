@@ -23,40 +23,8 @@
 #include "cpu_kernels.h"
 #include "simd_math.h"
 
-/* Every field 8 bytes (the Python side mirrors this layout with ctypes). */
-typedef struct {
-    int64_t tokens, hidden, heads, kv_heads, head_dim, inter, block_size, num_blocks, threads;
-    bf16 *delta;    /* [tokens][hidden]: the previous block's output (first layer: embedding) */
-    bf16 *residual; /* [tokens][hidden], updated; NULL for the first layer */
-    bf16 *out;      /* [tokens][hidden]: this layer's MLP output (may be delta itself) */
-    const bf16 *input_norm, *post_norm; /* [hidden] */
-    double eps, scale;
-    const bf16 *qkv_w, *qkv_bias, *o_w, *gate_up_w, *down_w; /* packed (linear.c); bias or NULL */
-    const bf16 *cos_sin;       /* [tokens][2][head_dim] */
-    bf16 *k_cache, *v_cache;   /* [num_blocks][block_size][kv_heads][head_dim] */
-    const int64_t *slots;      /* [tokens], -1 skips */
-    int64_t num_decode;        /* decode rows (one per sequence) come first */
-    const int32_t *decode_tables;
-    int64_t decode_tables_stride, decode_max_blocks;
-    const int32_t *decode_lens; /* [num_decode] */
-    int64_t num_prefill;        /* prefill sequences */
-    const int32_t *prefill_tables;
-    int64_t prefill_tables_stride, prefill_max_blocks;
-    const int32_t *prefill_starts;  /* [num_prefill + 1], rows relative to num_decode */
-    const int32_t *prefill_context; /* [num_prefill] */
-    /* -1: every row goes through the whole layer; else only rows out_rows[0 .. num_out) go on
-     * past the KV write (as decode rows over out_tables / out_lens), their outputs and residual
-     * stream in rows [0, num_out) of out and of the stream, which are then the only valid ones */
-    int64_t num_out;
-    const int64_t *out_rows; /* [num_out], ascending */
-    const int32_t *out_tables;
-    int64_t out_tables_stride, out_max_blocks;
-    const int32_t *out_lens; /* [num_out]: keys each row sees, itself included */
-    /* the model's final norm (step only; NULL: none): after the last layer, out = rms_norm(
-     * stream += out) over the rows that went through it, as the norms between layers do */
-    const bf16 *final_norm; /* [hidden] */
-    double final_eps;
-} layer_args;
+#define LAYER_ELEM bf16
+#include "layer_args.h"
 
 static __thread void *tls_buf = NULL;
 static __thread int64_t tls_bytes = 0;

@@ -1,10 +1,12 @@
-"""A whole decoder layer over a paged bf16 pool in one compiled call (``decoder_layer.c``).
+"""Whole decoder layers over a paged pool in one compiled call: bf16 (``decoder_layer.c``, the
+AVX-512 library) or float32 (``decoder_layer_f32.c``, the AVX2/FMA library).
 
 The layer's ops (RMSNorm with the residual add, the QKV projection, RoPE, the KV write, paged
 attention, the output projection, the second norm, the SwiGLU MLP) are the compiled kernels of
 this package, chained in C: the ~10 Python dispatches a layer otherwise costs (about 0.1 ms per
 layer on a 2-core CPU, a quarter of a decode step of a 135M model) become one. Results equal
-the separate compiled ops bit for bit.
+the separate compiled ops bit for bit. The run's dtype is its inputs': bf16 layers call the
+bf16 library, float32 ones the float32 library, with the same arguments.
 
 ``PagedStep`` carries one step's attention inputs (checked once, shared by every layer),
 ``LayerWeights`` one layer's weights (the projections packed by ``pack_linear_weight``);
@@ -26,16 +28,22 @@ from dataclasses import dataclass
 
 import torch
 
-from prefixcache.kernels.cpu.build import load_library
+from prefixcache.kernels.cpu.build import load_f32_library, load_library
 from prefixcache.kernels.cpu.paged_attention import ATTENTION_ERRORS
+from prefixcache.kernels.cpu.paged_attention_f32 import ATTENTION_ERRORS as F32_ATTENTION_ERRORS
 
-# the attention kernel's codes (it runs inside the layer), and the layer's own
-_ERRORS = {**ATTENTION_ERRORS, -7: "slot_mapping has a slot outside the pool"}
+# per run dtype: the attention kernel's codes (it runs inside the layer), and the layer's own
+_SLOT_ERROR = {-7: "slot_mapping has a slot outside the pool"}
+_ERRORS = {
+    torch.bfloat16: {**ATTENTION_ERRORS, **_SLOT_ERROR},
+    torch.float32: {**F32_ATTENTION_ERRORS, **_SLOT_ERROR},
+}
+FUSED_DTYPES = tuple(_ERRORS)
 
 
 @dataclass(frozen=True)
 class PagedStep:
-    """One step's paged-attention inputs, the same for every layer (CPU, bf16 pools).
+    """One step's paged-attention inputs, the same for every layer (CPU, bf16 or float32 pools).
 
     Rows ``[0, num_decode)`` decode (one per sequence, over ``decode_seq_lens`` cached tokens,
     themselves included); the rest are prefill chunks laid out by ``prefill_query_start_loc``
@@ -92,14 +100,16 @@ class PagedStep:
 
 @dataclass(frozen=True)
 class LayerWeights:
-    """One layer's weights: norms bf16 ``[hidden]``, projections packed (``[ceil(out / 64),
-    in / 2, 64, 2]`` bf16, see ``prefixcache.kernels.reference.linear``)."""
+    """One layer's weights, all of one dtype: norms ``[hidden]``, projections packed for that
+    dtype's GEMM (bf16 ``[ceil(out / 64), in / 2, 64, 2]``, see
+    ``prefixcache.kernels.reference.linear``; float32 ``[ceil(out / 16), in, 16]``, see
+    ``pack_f32_weight``)."""
 
     input_norm: torch.Tensor
     post_norm: torch.Tensor
     eps: float
     qkv: torch.Tensor  # out = (heads + 2 kv_heads) * head_dim, in = hidden
-    qkv_bias: torch.Tensor | None  # [(heads + 2 kv_heads) * head_dim] bf16
+    qkv_bias: torch.Tensor | None  # [(heads + 2 kv_heads) * head_dim], the norms' dtype
     o: torch.Tensor  # out = hidden, in = heads * head_dim
     gate_up: torch.Tensor  # out = 2 * intermediate, in = hidden (gate rows first)
     down: torch.Tensor  # out = hidden, in = intermediate
@@ -167,8 +177,9 @@ class _PreparedLayers:
             layer = self.args[i]
             ctypes.pointer(layer)[0] = weights._args
             pool_shape = (k_cache.shape[0], k_cache.shape[1], weights.kv_heads, weights.head_dim)
-            layer.k_cache = _rows("k_cache", k_cache, pool_shape)
-            layer.v_cache = _rows("v_cache", v_cache, pool_shape)
+            dtype = weights.input_norm.dtype
+            layer.k_cache = _rows("k_cache", k_cache, pool_shape, dtype)
+            layer.v_cache = _rows("v_cache", v_cache, pool_shape, dtype)
             layer.block_size, layer.num_blocks = pool_shape[1], pool_shape[0]
         self._refs = [weakref.ref(x) for x in (*layers, *k_caches, *v_caches)]
         self._pools = list(map(torch.Tensor.data_ptr, (*k_caches, *v_caches)))
@@ -204,46 +215,57 @@ def _prepared_layers(
 
 
 def fused_layer_supported(hidden: int, heads: int, kv_heads: int, head_dim: int,
-                          intermediate: int) -> bool:
-    """Whether a layer of these shapes can run fused here: the compiled attention's head
-    shapes (head_dim a multiple of 32 up to 256, heads a multiple of kv_heads), even GEMM
-    inputs, and the compiled kernels available."""
-    return (
-        head_dim % 32 == 0
-        and 0 < head_dim <= 256
-        and kv_heads > 0
-        and heads % kv_heads == 0
-        and hidden % 2 == 0
-        and intermediate % 2 == 0
-        and load_library() is not None
-    )
+                          intermediate: int, dtype: torch.dtype = torch.bfloat16) -> bool:
+    """Whether a layer of these shapes and ``dtype`` can run fused here: the compiled
+    attention's head shapes (heads a multiple of kv_heads, head_dim up to 256 and a multiple
+    of 32 in bf16, of 16 in float32), the GEMM's and elementwise ops' widths (even in bf16,
+    multiples of 8 in float32), and that dtype's compiled kernels available."""
+    if kv_heads <= 0 or heads % kv_heads or not 0 < head_dim <= 256:
+        return False
+    if dtype is torch.bfloat16:
+        return (
+            head_dim % 32 == 0
+            and hidden % 2 == 0
+            and intermediate % 2 == 0
+            and load_library() is not None
+        )
+    if dtype is torch.float32:
+        return (
+            head_dim % 16 == 0
+            and hidden % 8 == 0
+            and intermediate % 8 == 0
+            and load_f32_library() is not None
+        )
+    return False
 
 
 def release_layer_scratch() -> None:
-    """Free the calling thread's scratch buffer (no-op when the kernels are unavailable)."""
-    lib = load_library()
+    """Free the calling thread's scratch buffers (of the libraries that are loaded here)."""
+    lib, f32_lib = load_library(), load_f32_library()
     if lib is not None:
         lib.pc_release_layer_scratch()
+    if f32_lib is not None:
+        f32_lib.pc_f32_release_layer_scratch()
 
 
-def _rows(name: str, x: torch.Tensor, shape: tuple[int, ...]) -> int:
-    if x.dtype is not torch.bfloat16 or not x.is_cpu or x.shape != shape:
-        raise ValueError(f"{name} must be CPU bfloat16 {shape}, got {x.dtype} {tuple(x.shape)}")
+def _rows(name: str, x: torch.Tensor, shape: tuple[int, ...], dtype: torch.dtype) -> int:
+    if x.dtype is not dtype or not x.is_cpu or x.shape != shape:
+        raise ValueError(f"{name} must be CPU {dtype} {shape}, got {x.dtype} {tuple(x.shape)}")
     if not x.is_contiguous():
         raise ValueError(f"{name} must be contiguous")
     return x.data_ptr()
 
 
 def decoder_layers_cpu(
-    delta: torch.Tensor,  # [num_tokens, hidden] bf16: the previous block's output (consumed)
-    residual: torch.Tensor | None,  # [num_tokens, hidden] bf16, updated; None: first layer
-    cos_sin: torch.Tensor,  # [num_tokens, 2, head_dim] bf16
+    delta: torch.Tensor,  # [num_tokens, hidden] bf16/f32: the previous block's output (consumed)
+    residual: torch.Tensor | None,  # [num_tokens, hidden] delta's dtype, updated; None: first
+    cos_sin: torch.Tensor,  # [num_tokens, 2, head_dim] delta's dtype
     layers: Sequence[LayerWeights],
     step: PagedStep,
     k_caches: Sequence[torch.Tensor],  # each [num_blocks, block_size, num_kv_heads, head_dim]
     v_caches: Sequence[torch.Tensor],  # each [num_blocks, block_size, num_kv_heads, head_dim]
     sampled_rows_only: bool = False,
-    final_norm: tuple[torch.Tensor, float] | None = None,  # ([hidden] bf16 weight, eps)
+    final_norm: tuple[torch.Tensor, float] | None = None,  # ([hidden] weight, eps)
 ) -> tuple[torch.Tensor, torch.Tensor]:  # (mlp_out, residual), each [num_tokens or R, hidden]
     """Decoder layers ``layers[i]`` over pools ``k_caches[i]`` / ``v_caches[i]``, one after the
     other in one compiled call: the last layer's MLP output and the residual stream before it
@@ -254,18 +276,25 @@ def decoder_layers_cpu(
     then adds the MLP output to the stream and normalizes it (the model's last norm, as
     ``add_rms_norm_``): the first result is the normed hidden state, the second the stream
     after the add. ValueError for bad inputs, slots or tables (the pools up to the failing
-    layer may then hold the new k/v)."""
+    layer may then hold the new k/v). Every tensor is of delta's dtype, bf16 or float32."""
     count = len(layers)
     if count == 0 or len(k_caches) != count or len(v_caches) != count:
         raise ValueError("need one K and one V pool per layer, and at least one layer")
+    dtype = delta.dtype
+    if dtype not in FUSED_DTYPES:
+        raise ValueError(f"fused layers run in bfloat16 or float32, not {dtype}")
+    if any(weights.input_norm.dtype is not dtype for weights in layers):
+        raise ValueError(f"every layer's weights must be {dtype}, as delta is")
     tokens, hidden = delta.shape
-    delta_ptr = _rows("delta", delta, (tokens, hidden))
-    stream = _rows("residual", residual, (tokens, hidden)) if residual is not None else None
-    cos_sin_ptr = _rows("cos_sin", cos_sin, (tokens, 2, layers[0].head_dim))
+    delta_ptr = _rows("delta", delta, (tokens, hidden), dtype)
+    stream = (
+        _rows("residual", residual, (tokens, hidden), dtype) if residual is not None else None
+    )
+    cos_sin_ptr = _rows("cos_sin", cos_sin, (tokens, 2, layers[0].head_dim), dtype)
     if step.slot_mapping.shape[0] != tokens:
         raise ValueError("slot_mapping must be int64 [num_tokens]")
     prepared = _prepared_layers(layers, k_caches, v_caches)
-    out = torch.empty((tokens, hidden), dtype=torch.bfloat16)
+    out = torch.empty((tokens, hidden), dtype=dtype)
     call = _LayerArgs()  # the fields every layer shares (pc_decoder_layers)
     ctypes.pointer(call)[0] = step._args
     call.tokens, call.threads, call.cos_sin = tokens, torch.get_num_threads(), cos_sin_ptr
@@ -280,14 +309,16 @@ def decoder_layers_cpu(
         call.num_out = sampled
     if final_norm is not None:
         weight, eps = final_norm
-        call.final_norm, call.final_eps = _rows("final_norm", weight, (hidden,)), eps
-    lib = load_library()
+        call.final_norm = _rows("final_norm", weight, (hidden,), dtype)
+        call.final_eps = eps
+    lib = load_library() if dtype is torch.bfloat16 else load_f32_library()
     if lib is None:
-        raise RuntimeError("the compiled CPU kernels are unavailable on this machine")
+        raise RuntimeError(f"the compiled {dtype} CPU kernels are unavailable on this machine")
+    run = lib.pc_decoder_layers if dtype is torch.bfloat16 else lib.pc_f32_decoder_layers
     failed = ctypes.c_int64(-1)
-    status = lib.pc_decoder_layers(prepared.args, count, ctypes.byref(call), ctypes.byref(failed))
+    status = run(prepared.args, count, ctypes.byref(call), ctypes.byref(failed))
     if status:
-        message = _ERRORS.get(status, f"the fused decoder layer failed ({status})")
+        message = _ERRORS[dtype].get(status, f"the fused decoder layer failed ({status})")
         raise ValueError(f"{message} (layer {failed.value} of the run)")
     stream_tensor = delta if residual is None else residual
     if sampled_rows_only:

@@ -15,6 +15,8 @@
 #include <immintrin.h>
 #include <stdint.h>
 
+#include "cpu_kernels_f32.h"
+
 #define STRIP 16     /* output columns per strip */
 #define TILE_ROWS 6  /* rows per register tile */
 #define ROW_BLOCK 96 /* rows whose inputs a pass of the strips reuses */

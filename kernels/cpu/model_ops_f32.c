@@ -11,6 +11,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "cpu_kernels_f32.h"
 #include "simd_math_avx2.h"
 
 #define INLINE static inline __attribute__((always_inline))

@@ -32,6 +32,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 
+#include "cpu_kernels_f32.h"
 #include "simd_math_avx2.h"
 
 #define KB 48      /* keys per online-softmax step: a multiple of 6 and of 12 */

@@ -4,6 +4,7 @@
  *
  * bf16 -> float32 is exact (a shift). float32 -> bf16 rounds to nearest even (vcvtneps2bf16),
  * as torch's conversion does, except that the instruction flushes subnormals to zero.
+ * (grow_buffer, which the kernels also use from here, lives in thread_scratch.h.)
  */
 #ifndef PREFIXCACHE_SIMD_MATH_H
 #define PREFIXCACHE_SIMD_MATH_H
@@ -11,6 +12,8 @@
 #include <immintrin.h>
 #include <stdint.h>
 #include <stdlib.h>
+
+#include "thread_scratch.h"
 
 typedef uint16_t bf16; /* also in cpu_kernels.h: C11 allows the identical repeat */
 
@@ -68,18 +71,6 @@ INLINE __m512 silu_and_mul(__m512 g, __m512 u) {
     const __m512 e = exp_ps(_mm512_sub_ps(_mm512_setzero_ps(), g));
     const __m512 silu = round_bf16(_mm512_div_ps(g, _mm512_add_ps(_mm512_set1_ps(1.0f), e)));
     return _mm512_mul_ps(silu, u);
-}
-
-/* Grows a buffer kept by the calling thread (*buf, *have bytes) to at least `bytes`, with a
- * quarter of headroom, 64-byte aligned, never shrunk; returns it, or NULL out of memory. */
-static inline void *grow_buffer(void **buf, int64_t *have, int64_t bytes) {
-    if (bytes > *have) {
-        free(*buf);
-        bytes += bytes / 4;
-        *buf = aligned_alloc(64, (size_t)((bytes + 63) / 64 * 64));
-        *have = *buf ? bytes : 0;
-    }
-    return *buf;
 }
 
 #endif

@@ -1,5 +1,6 @@
-"""The fused compiled decoder layer gives bitwise the logits of the same compiled ops run one by
-one, over every kind of step: prefix hits, chunked prefill, decode batches, n > 1 forks."""
+"""The fused compiled decoder layers give bitwise the logits of the same compiled ops run one by
+one, over every kind of step: prefix hits, chunked prefill, decode batches, n > 1 forks; in
+bf16 (the AVX-512 library) and in float32 (the AVX2/FMA library), each where it runs."""
 
 from __future__ import annotations
 
@@ -18,8 +19,26 @@ from prefixcache.engine.sampling_params import SamplingParams
 from prefixcache.kernels.cpu.decoder_layer import release_layer_scratch
 from prefixcache.kernels.dispatch import cpu_kernels
 
-if not cpu_kernels().cpu_attention_available():
-    pytest.skip("the compiled CPU kernels are unavailable here", allow_module_level=True)
+BF16_KERNELS = cpu_kernels().cpu_attention_available()
+DTYPES = [
+    pytest.param(
+        torch.bfloat16,
+        marks=pytest.mark.skipif(not BF16_KERNELS, reason="no bf16 CPU kernels here"),
+        id="bf16",
+    ),
+    pytest.param(
+        torch.float32,
+        marks=pytest.mark.skipif(
+            not cpu_kernels().f32_attention_available(), reason="no float32 CPU kernels here"
+        ),
+        id="f32",
+    ),
+]
+
+
+@pytest.fixture(params=DTYPES)
+def dtype(request: pytest.FixtureRequest) -> torch.dtype:
+    return request.param
 
 SYSTEM = [(7 * i) % 300 + 1 for i in range(37)]
 PROMPTS = [[*SYSTEM, 11, 12, 13], [*SYSTEM, *range(40, 61)], [*SYSTEM, 99], SYSTEM[:20]]
@@ -28,14 +47,16 @@ PROMPTS = [[*SYSTEM, 11, 12, 13], [*SYSTEM, *range(40, 61)], [*SYSTEM, 99], SYST
 SIBLINGS = [[*SYSTEM, *range(200, 209)], [*SYSTEM, *range(300, 306)]]  # two new suffixes
 
 
-def step_logits(folder: Path, monkeypatch: pytest.MonkeyPatch, fused: bool) -> list[torch.Tensor]:
+def step_logits(
+    folder: Path, monkeypatch: pytest.MonkeyPatch, fused: bool, dtype: torch.dtype
+) -> list[torch.Tensor]:
     """Every step's logits: the prompts one at a time (prefix hits), then all together with
     n = 2 (a decode batch next to chunked prefills, forks copying the partial block), then two
     new suffixes of the cached system prompt at once (one step, two prefills over cached
     blocks)."""
     if not fused:
         monkeypatch.setattr(PagedAttention, "paged_step", lambda self, layer_idx: None)
-    llm = LLM(str(folder), dtype="bfloat16", num_blocks=96, block_size=4,
+    llm = LLM(str(folder), dtype=dtype, num_blocks=96, block_size=4,
               max_num_batched_tokens=24)  # fmt: skip
     recorded = record_step_logits(llm)
     for prompt in PROMPTS:
@@ -50,21 +71,23 @@ def step_logits(folder: Path, monkeypatch: pytest.MonkeyPatch, fused: bool) -> l
 
 
 def test_fused_layers_give_bitwise_the_same_logits(
-    tiny_llama_hd64_dir: Path, monkeypatch: pytest.MonkeyPatch
+    tiny_llama_hd64_dir: Path, monkeypatch: pytest.MonkeyPatch, dtype: torch.dtype
 ) -> None:
     calls = record_calls(monkeypatch, cpu_kernels(), ["decoder_layers_cpu"])
-    fused = step_logits(tiny_llama_hd64_dir, monkeypatch, fused=True)
+    fused = step_logits(tiny_llama_hd64_dir, monkeypatch, fused=True, dtype=dtype)
     assert calls, "the fused layer did not run"
     calls = record_calls(monkeypatch, cpu_kernels(), ["decoder_layers_cpu"])
-    separate = step_logits(tiny_llama_hd64_dir, monkeypatch, fused=False)
+    separate = step_logits(tiny_llama_hd64_dir, monkeypatch, fused=False, dtype=dtype)
     assert not calls
     assert len(fused) == len(separate)
     for got, expected in zip(fused, separate, strict=True):
         assert torch.equal(got, expected)
 
 
-def test_a_bad_slot_raises_and_the_engine_keeps_serving(tiny_llama_hd64_dir: Path) -> None:
-    llm = LLM(str(tiny_llama_hd64_dir), dtype="bfloat16", num_blocks=32, block_size=4)
+def test_a_bad_slot_raises_and_the_engine_keeps_serving(
+    tiny_llama_hd64_dir: Path, dtype: torch.dtype
+) -> None:
+    llm = LLM(str(tiny_llama_hd64_dir), dtype=dtype, num_blocks=32, block_size=4)
     weights = llm.engine.runner.model.layers[0].fused_weights()
     assert weights is not None
     kv = llm.engine.runner.kv
@@ -76,8 +99,8 @@ def test_a_bad_slot_raises_and_the_engine_keeps_serving(tiny_llama_hd64_dir: Pat
         torch.zeros(1, 1, dtype=torch.int32), torch.ones(1, dtype=torch.int32),
     )  # fmt: skip
     hidden = llm.engine.runner.model.config.hidden_size
-    delta = torch.zeros(1, hidden, dtype=torch.bfloat16)
-    cos_sin = torch.zeros(1, 2, weights.head_dim, dtype=torch.bfloat16)
+    delta = torch.zeros(1, hidden, dtype=dtype)
+    cos_sin = torch.zeros(1, 2, weights.head_dim, dtype=dtype)
     with pytest.raises(ValueError, match="slot"):
         cpu_kernels().decoder_layers_cpu(
             delta, None, cos_sin, [weights], step, [kv.k[0]], [kv.v[0]]
@@ -97,10 +120,12 @@ def test_a_bad_slot_raises_and_the_engine_keeps_serving(tiny_llama_hd64_dir: Pat
     assert again[0].token_ids == out[0].token_ids
 
 
-def test_the_final_norm_in_the_call_equals_the_separate_norm(tiny_llama_hd64_dir: Path) -> None:
+def test_the_final_norm_in_the_call_equals_the_separate_norm(
+    tiny_llama_hd64_dir: Path, dtype: torch.dtype
+) -> None:
     """``final_norm`` gives bitwise what the model's last ``add_and_norm_`` gives after the
     layers, the stream included; a weight of the wrong shape is refused."""
-    llm = LLM(str(tiny_llama_hd64_dir), dtype="bfloat16", num_blocks=32, block_size=4)
+    llm = LLM(str(tiny_llama_hd64_dir), dtype=dtype, num_blocks=32, block_size=4)
     model, kv = llm.engine.runner.model, llm.engine.runner.kv
     weights = [layer.fused_weights() for layer in model.layers]
     step = cpu_kernels().PagedStep(
@@ -111,8 +136,8 @@ def test_the_final_norm_in_the_call_equals_the_separate_norm(tiny_llama_hd64_dir
         torch.tensor([5], dtype=torch.int32),
     )  # fmt: skip
     torch.manual_seed(0)
-    hidden = torch.randn(5, model.config.hidden_size).to(torch.bfloat16)  # [5, hidden]
-    cos_sin = model.rotary.cos_sin(torch.arange(5), torch.bfloat16)  # [5, 2, head_dim]
+    hidden = torch.randn(5, model.config.hidden_size).to(dtype)  # [5, hidden]
+    cos_sin = model.rotary.cos_sin(torch.arange(5), dtype)  # [5, 2, head_dim]
     run = cpu_kernels().decoder_layers_cpu
     for rows_only in (False, True):
         out, stream = run(hidden.clone(), None, cos_sin, weights, step, kv.k, kv.v,
@@ -129,19 +154,19 @@ def test_the_final_norm_in_the_call_equals_the_separate_norm(tiny_llama_hd64_dir
 
 
 def test_a_projection_swapped_after_a_forward_reaches_the_fused_layers(
-    tiny_llama_hd64_dir: Path, monkeypatch: pytest.MonkeyPatch
+    tiny_llama_hd64_dir: Path, monkeypatch: pytest.MonkeyPatch, dtype: torch.dtype
 ) -> None:
     """The fused run keeps its per-layer weights between forwards; a module assigned later (a
     new down projection in layer 1) must be what the next forward runs."""
     greedy = SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True)
-    llm = LLM(str(tiny_llama_hd64_dir), dtype="bfloat16", num_blocks=64, block_size=4,
+    llm = LLM(str(tiny_llama_hd64_dir), dtype=dtype, num_blocks=64, block_size=4,
               enable_prefix_caching=False)  # fmt: skip
     before = llm.generate([PROMPTS[1]], greedy)[0].token_ids
     mlp = llm.engine.runner.model.layers[1].mlp
     old = mlp.down_proj
     generator = torch.Generator().manual_seed(5)
     weight = torch.randn(old.out_features, old.in_features, generator=generator)
-    mlp.down_proj = PackedLinear(weight.to(torch.bfloat16), None)
+    mlp.down_proj = PackedLinear(weight.to(dtype), None)
     calls = record_calls(monkeypatch, cpu_kernels(), ["decoder_layers_cpu"])
     fused = llm.generate([PROMPTS[1]], greedy)[0].token_ids
     assert calls, "the fused layers did not run"
@@ -151,7 +176,7 @@ def test_a_projection_swapped_after_a_forward_reaches_the_fused_layers(
 
 
 def test_two_engines_taking_turns_each_run_on_their_own_pools(
-    tiny_llama_hd64_dir: Path, monkeypatch: pytest.MonkeyPatch
+    tiny_llama_hd64_dir: Path, monkeypatch: pytest.MonkeyPatch, dtype: torch.dtype
 ) -> None:
     """The fused run reuses its per-layer arguments while the layers and pools are the same
     objects; two engines taking turns (their prompts hitting what each cached) must each read
@@ -160,8 +185,8 @@ def test_two_engines_taking_turns_each_run_on_their_own_pools(
 
     def engines() -> tuple[LLM, LLM]:
         return (
-            LLM(str(tiny_llama_hd64_dir), dtype="bfloat16", num_blocks=64, block_size=4),
-            LLM(str(tiny_llama_hd64_dir), dtype="bfloat16", num_blocks=40, block_size=8),
+            LLM(str(tiny_llama_hd64_dir), dtype=dtype, num_blocks=64, block_size=4),
+            LLM(str(tiny_llama_hd64_dir), dtype=dtype, num_blocks=40, block_size=8),
         )
 
     expected = []
@@ -179,6 +204,7 @@ def test_two_engines_taking_turns_each_run_on_their_own_pools(
         assert llm.stats()["in_use"] == 0 and llm.stats()["hit_tokens"] > 0
 
 
+@pytest.mark.skipif(not BF16_KERNELS, reason="the phase profile is the bf16 library's")
 def test_phase_profile_times_the_fused_layers_only_inside_its_block(
     tiny_llama_hd64_dir: Path,
 ) -> None:
@@ -196,3 +222,15 @@ def test_phase_profile_times_the_fused_layers_only_inside_its_block(
     with cpu_kernels().phase_profile() as one_row:  # all cached: only the last token runs
         llm.generate([PROMPTS[0]], SamplingParams(max_tokens=1, temperature=0.0))
     assert one_row["attention"] > 0 and one_row["qkv"] > 0
+
+
+def test_fused_layer_supported_follows_each_dtype_s_kernels() -> None:
+    supported = cpu_kernels().fused_layer_supported
+    f32 = cpu_kernels().f32_attention_available()
+    assert supported(576, 9, 3, 64, 1536, torch.float32) is f32  # SmolLM2's shapes
+    assert supported(576, 9, 3, 64, 1536, torch.bfloat16) is BF16_KERNELS
+    assert not supported(576, 9, 3, 40, 1536, torch.float32)  # RoPE takes multiples of 16
+    assert not supported(576, 9, 3, 64, 1540, torch.float32)  # SiLU-and-mul: multiples of 8
+    assert not supported(576, 9, 4, 64, 1536, torch.float32)  # 9 heads over 4 kv heads
+    assert not supported(576, 9, 3, 512, 1536, torch.float32)  # head_dim past 256
+    assert not supported(576, 9, 3, 64, 1536, torch.float16)

@@ -1,0 +1,46 @@
+/*
+ * The arguments of a run of fused decoder layers, for decoder_layer.c (bf16 pools and weights)
+ * and decoder_layer_f32.c (float32): define LAYER_ELEM, the element type, before including.
+ * Every field 8 bytes (the Python side mirrors this layout with ctypes, once for both).
+ */
+#ifndef PREFIXCACHE_LAYER_ARGS_H
+#define PREFIXCACHE_LAYER_ARGS_H
+
+#include <stdint.h>
+
+typedef struct {
+    int64_t tokens, hidden, heads, kv_heads, head_dim, inter, block_size, num_blocks, threads;
+    LAYER_ELEM *delta;    /* [tokens][hidden]: the previous block's output (layer 0: embedding) */
+    LAYER_ELEM *residual; /* [tokens][hidden], updated; NULL for the first layer */
+    LAYER_ELEM *out;      /* [tokens][hidden]: this layer's MLP output (may be delta itself) */
+    const LAYER_ELEM *input_norm, *post_norm; /* [hidden] */
+    double eps, scale;
+    /* packed for the library's GEMM (linear.c, linear_f32.c); the bias [qkv out] or NULL */
+    const LAYER_ELEM *qkv_w, *qkv_bias, *o_w, *gate_up_w, *down_w;
+    const LAYER_ELEM *cos_sin;     /* [tokens][2][head_dim] */
+    LAYER_ELEM *k_cache, *v_cache; /* [num_blocks][block_size][kv_heads][head_dim] */
+    const int64_t *slots;      /* [tokens], -1 skips */
+    int64_t num_decode;        /* decode rows (one per sequence) come first */
+    const int32_t *decode_tables;
+    int64_t decode_tables_stride, decode_max_blocks;
+    const int32_t *decode_lens; /* [num_decode] */
+    int64_t num_prefill;        /* prefill sequences */
+    const int32_t *prefill_tables;
+    int64_t prefill_tables_stride, prefill_max_blocks;
+    const int32_t *prefill_starts;  /* [num_prefill + 1], rows relative to num_decode */
+    const int32_t *prefill_context; /* [num_prefill] */
+    /* -1: every row goes through the whole layer; else only rows out_rows[0 .. num_out) go on
+     * past the KV write (as decode rows over out_tables / out_lens), their outputs and residual
+     * stream in rows [0, num_out) of out and of the stream, which are then the only valid ones */
+    int64_t num_out;
+    const int64_t *out_rows; /* [num_out], ascending */
+    const int32_t *out_tables;
+    int64_t out_tables_stride, out_max_blocks;
+    const int32_t *out_lens; /* [num_out]: keys each row sees, itself included */
+    /* the model's final norm (step only; NULL: none): after the last layer, out = rms_norm(
+     * stream += out) over the rows that went through it, as the norms between layers do */
+    const LAYER_ELEM *final_norm; /* [hidden] */
+    double final_eps;
+} layer_args;
+
+#endif
