@@ -202,23 +202,13 @@ static int decoder_layer(const layer_args *a, const layer_args *next, const int3
 int pc_decoder_layers(const layer_args *layers, int64_t n, const layer_args *step,
                       int64_t *failed) {
     if (n <= 0) return 0;
-    const size_t tail = offsetof(layer_args, slots);
     bf16 *stream = step->residual ? step->residual : step->delta;
     int64_t count = 0;
     int32_t *owned = NULL;
     const int32_t *blocks = NULL; /* the step, so the blocks, are the same for every layer */
     int err = 0;
     for (int64_t i = 0; i < n && !err; i++) {
-        layer_args a = layers[i];
-        memcpy((char *)&a + tail, (const char *)step + tail, sizeof(layer_args) - tail);
-        a.tokens = step->tokens;
-        a.threads = step->threads;
-        a.cos_sin = step->cos_sin;
-        a.scale = step->scale;
-        a.out = step->out;
-        a.delta = i == 0 ? step->delta : step->out;
-        a.residual = i == 0 ? step->residual : stream;
-        a.num_out = i + 1 == n ? step->num_out : -1;
+        const layer_args a = run_layer(layers, i, n, step, stream);
         if (i == 0) blocks = context_blocks(&a, &count, &owned);
         err = decoder_layer(&a, i + 1 < n ? &layers[i + 1] : NULL, blocks, count);
         if (err) *failed = i;

@@ -214,29 +214,29 @@ def _prepared_layers(
     return prepared
 
 
+# per dtype: head_dim a multiple of, hidden and intermediate multiples of, the library loader
+_FUSED_SHAPES = {
+    torch.bfloat16: (32, 2, load_library),
+    torch.float32: (16, 8, load_f32_library),
+}
+
+
 def fused_layer_supported(hidden: int, heads: int, kv_heads: int, head_dim: int,
                           intermediate: int, dtype: torch.dtype = torch.bfloat16) -> bool:
     """Whether a layer of these shapes and ``dtype`` can run fused here: the compiled
     attention's head shapes (heads a multiple of kv_heads, head_dim up to 256 and a multiple
     of 32 in bf16, of 16 in float32), the GEMM's and elementwise ops' widths (even in bf16,
     multiples of 8 in float32), and that dtype's compiled kernels available."""
-    if kv_heads <= 0 or heads % kv_heads or not 0 < head_dim <= 256:
+    if dtype not in _FUSED_SHAPES or kv_heads <= 0 or heads % kv_heads:
         return False
-    if dtype is torch.bfloat16:
-        return (
-            head_dim % 32 == 0
-            and hidden % 2 == 0
-            and intermediate % 2 == 0
-            and load_library() is not None
-        )
-    if dtype is torch.float32:
-        return (
-            head_dim % 16 == 0
-            and hidden % 8 == 0
-            and intermediate % 8 == 0
-            and load_f32_library() is not None
-        )
-    return False
+    head_multiple, width_multiple, load = _FUSED_SHAPES[dtype]
+    return (
+        0 < head_dim <= 256
+        and head_dim % head_multiple == 0
+        and hidden % width_multiple == 0
+        and intermediate % width_multiple == 0
+        and load() is not None
+    )
 
 
 def release_layer_scratch() -> None:

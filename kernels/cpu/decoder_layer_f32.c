@@ -125,28 +125,17 @@ static int decoder_layer(const layer_args *a) {
     return 0;
 }
 
-/* Runs layers layers[0 .. n) of one step in order, as pc_decoder_layers does (decoder_layer.c:
- * the fields every layer shares come from `step`; layer 0 reads step->delta over
- * step->residual, every later one the previous out over the stream; only the last takes
- * step->num_out; step->final_norm normalizes the last out into the stream). Returns 0, or the
- * first failing layer's code (see decoder_layer) with *failed set to its index. */
+/* Runs layers layers[0 .. n) of one step in order, each as run_layer (layer_args.h) makes it
+ * from `step`, as pc_decoder_layers does; with step->final_norm, the last layer's out is then
+ * added to the stream and normalized in place. Returns 0, or the first failing layer's code
+ * (see decoder_layer) with *failed set to its index. */
 int pc_f32_decoder_layers(const layer_args *layers, int64_t n, const layer_args *step,
                           int64_t *failed) {
     if (n <= 0) return 0;
-    const size_t tail = offsetof(layer_args, slots);
     float *stream = step->residual ? step->residual : step->delta;
     int err = 0;
     for (int64_t i = 0; i < n && !err; i++) {
-        layer_args a = layers[i];
-        memcpy((char *)&a + tail, (const char *)step + tail, sizeof(layer_args) - tail);
-        a.tokens = step->tokens;
-        a.threads = step->threads;
-        a.cos_sin = step->cos_sin;
-        a.scale = step->scale;
-        a.out = step->out;
-        a.delta = i == 0 ? step->delta : step->out;
-        a.residual = i == 0 ? step->residual : stream;
-        a.num_out = i + 1 == n ? step->num_out : -1;
+        const layer_args a = run_layer(layers, i, n, step, stream);
         err = decoder_layer(&a);
         if (err) *failed = i;
     }

@@ -6,7 +6,9 @@
 #ifndef PREFIXCACHE_LAYER_ARGS_H
 #define PREFIXCACHE_LAYER_ARGS_H
 
+#include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 typedef struct {
     int64_t tokens, hidden, heads, kv_heads, head_dim, inter, block_size, num_blocks, threads;
@@ -42,5 +44,26 @@ typedef struct {
     const LAYER_ELEM *final_norm; /* [hidden] */
     double final_eps;
 } layer_args;
+
+/* Layer i of a run of n layers (pc_decoder_layers, pc_f32_decoder_layers): layers[i]'s own
+ * fields (weights, shapes, pools) with those every layer shares from `step` (tokens, threads,
+ * cos_sin, scale, out, and the tail from slots on). Layer 0 reads step->delta over
+ * step->residual, every later one the previous out over `stream`; only the last one takes
+ * step->num_out (the others -1). */
+static inline layer_args run_layer(const layer_args *layers, int64_t i, int64_t n,
+                                   const layer_args *step, LAYER_ELEM *stream) {
+    const size_t tail = offsetof(layer_args, slots);
+    layer_args a = layers[i];
+    memcpy((char *)&a + tail, (const char *)step + tail, sizeof(layer_args) - tail);
+    a.tokens = step->tokens;
+    a.threads = step->threads;
+    a.cos_sin = step->cos_sin;
+    a.scale = step->scale;
+    a.out = step->out;
+    a.delta = i == 0 ? step->delta : step->out;
+    a.residual = i == 0 ? step->residual : stream;
+    a.num_out = i + 1 == n ? step->num_out : -1;
+    return a;
+}
 
 #endif

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 import torch
 
 from prefixcache.kernels.cpu.build import load_library
-from prefixcache.kernels.cpu.tensor_args import store_kv_args
+from prefixcache.kernels.cpu.tensor_args import store_kv_into
 
 
 def cpu_model_ops_support(*tensors: torch.Tensor) -> bool:
@@ -145,17 +145,10 @@ def store_kv_cpu(
 ) -> None:
     """Write token i's k/v into flat slot ``slot_mapping[i]`` of a contiguous bf16 pool; tokens
     with slot -1 are skipped. ValueError (nothing written) for a slot outside the pool."""
-    slots, num_slots = store_kv_args(
-        k, v, k_cache, v_cache, slot_mapping, k_scale, v_scale, torch.bfloat16
+    store_kv_into(
+        _library().pc_store_kv, k, v, k_cache, v_cache, slot_mapping, k_scale, v_scale,
+        torch.bfloat16,
     )
-    num_kv_heads, head_dim = k_cache.shape[2:]
-    status = _library().pc_store_kv(
-        k.data_ptr(), k.stride(0), k.stride(1), v.data_ptr(), v.stride(0), v.stride(1),
-        k_cache.data_ptr(), v_cache.data_ptr(), slots.data_ptr(), k.shape[0], num_kv_heads,
-        head_dim, num_slots,
-    )  # fmt: skip
-    if status:
-        raise ValueError("slot_mapping has a slot outside [-1, num_blocks * block_size)")
 
 
 class BlockCopier:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 
@@ -27,7 +29,8 @@ def int32_tensor(x: torch.Tensor) -> torch.Tensor:
     return x
 
 
-def store_kv_args(
+def store_kv_into(
+    store: Callable[..., int],  # pc_store_kv or pc_f32_store_kv (one C signature)
     k: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
     v: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
     k_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
@@ -36,10 +39,11 @@ def store_kv_args(
     k_scale: torch.Tensor | None,
     v_scale: torch.Tensor | None,
     dtype: torch.dtype,
-) -> tuple[torch.Tensor, int]:  # (slots [num_tokens] int64 contiguous, slots in the pool)
-    """The arguments of a compiled store of new k/v into a contiguous ``dtype`` pool, checked
-    (CPU ``dtype`` tensors of agreeing shapes, unit stride along head_dim, no scales);
-    ValueError naming the problem otherwise."""
+) -> None:
+    """Store new k/v into a contiguous ``dtype`` pool with the compiled ``store``, after
+    checking its arguments (CPU ``dtype`` tensors of agreeing shapes, unit stride along
+    head_dim, no scales); ValueError naming the problem otherwise, and for a slot outside
+    ``[-1, num_blocks * block_size)`` (nothing written then)."""
     if k_scale is not None or v_scale is not None:
         raise ValueError(f"a {dtype} pool takes no k/v scales")
     for name, x in (("k", k), ("v", v)):
@@ -59,4 +63,11 @@ def store_kv_args(
         raise ValueError("k, v, k_cache and v_cache shapes disagree")
     if v.shape != k.shape or slot_mapping.shape != (tokens,):
         raise ValueError("v and slot_mapping must match k's tokens")
-    return slot_mapping.to(torch.int64).contiguous(), num_blocks * block_size
+    slots = slot_mapping.to(torch.int64).contiguous()
+    status = store(
+        k.data_ptr(), k.stride(0), k.stride(1), v.data_ptr(), v.stride(0), v.stride(1),
+        k_cache.data_ptr(), v_cache.data_ptr(), slots.data_ptr(), tokens, num_kv_heads,
+        head_dim, num_blocks * block_size,
+    )  # fmt: skip
+    if status:
+        raise ValueError("slot_mapping has a slot outside [-1, num_blocks * block_size)")

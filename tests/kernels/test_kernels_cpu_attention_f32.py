@@ -9,6 +9,8 @@ so that test allows 1e-4 (measured 1.5e-5).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import pytest
 import torch
 from paged_kernel_inputs import make_pool, varlen_queries
@@ -141,22 +143,43 @@ def test_empty_batches() -> None:
     assert paged_decode_attention_f32(q, *caches, none, 0.1).shape == q.shape
 
 
-def test_chunked_cached_and_decoded_tokens_are_bitwise_equal(threads: int) -> None:
-    """One sequence of 90 tokens: attended in one prefill; in chunks of 1, 7, 41 and 41 tokens,
-    each over the pool holding the earlier ones; and its last token as a decode step. Every
-    token's output is the same bits in all three."""
-    heads, kv_heads, head_dim, block_size, total = 9, 3, 64, 16, 90
+@dataclass
+class OneSequence:
+    q: torch.Tensor  # [total, heads, head_dim]
+    k: torch.Tensor  # [total, kv_heads, head_dim]
+    v: torch.Tensor  # [total, kv_heads, head_dim]
+    k_cache: torch.Tensor  # [blocks + 2, block_size, kv_heads, head_dim], zeros
+    v_cache: torch.Tensor
+    table: torch.Tensor  # [1, blocks] int32, shuffled ids
+    slots: torch.Tensor  # [blocks * block_size] int64, the table's slots in order
+    whole: torch.Tensor  # [total, heads, head_dim]: the sequence in one cold prefill
+
+
+def one_sequence(total: int, heads: int, kv_heads: int, head_dim: int,
+                 block_size: int) -> OneSequence:
+    """A sequence of ``total`` random tokens, an empty pool with room for it at shuffled
+    blocks, and its outputs from one prefill with nothing cached."""
     q, k, v, _ = varlen_queries([total], heads, kv_heads, head_dim)
     blocks = -(-total // block_size)
     shape = (blocks + 2, block_size, kv_heads, head_dim)
     k_cache, v_cache = torch.zeros(shape), torch.zeros(shape)
     table = torch.randperm(blocks + 2)[:blocks].to(torch.int32)[None]  # [1, blocks]
     slots = (table[0].long()[:, None] * block_size + torch.arange(block_size)).reshape(-1)
-    scale = head_dim**-0.5
     whole = paged_prefill_attention_f32(
         q, k, v, k_cache, v_cache, table, torch.tensor([0, total], dtype=torch.int32),
-        torch.zeros(1, dtype=torch.int32), scale,
+        torch.zeros(1, dtype=torch.int32), head_dim**-0.5,
     )  # fmt: skip
+    return OneSequence(q, k, v, k_cache, v_cache, table, slots, whole)
+
+
+def test_chunked_cached_and_decoded_tokens_are_bitwise_equal(threads: int) -> None:
+    """One sequence of 90 tokens: attended in one prefill; in chunks of 1, 7, 41 and 41 tokens,
+    each over the pool holding the earlier ones; and its last token as a decode step. Every
+    token's output is the same bits in all three."""
+    total, head_dim = 90, 64
+    s = one_sequence(total, heads=9, kv_heads=3, head_dim=head_dim, block_size=16)
+    q, k, v, k_cache, v_cache, table, slots = s.q, s.k, s.v, s.k_cache, s.v_cache, s.table, s.slots
+    scale, whole = head_dim**-0.5, s.whole
     chunks, begin = [], 0
     for size in (1, 7, 41, 41):
         end = begin + size
@@ -185,26 +208,15 @@ def test_decode_is_bitwise_the_prefill_row_for_every_group(
     transposed into the lanes) give the same bits as that token's row in a prefill (query
     rows in the lanes), at lengths on both sides of the 48-key softmax steps; with one
     sequence a work item is one kv head, with many it takes up to 4 of them."""
-    block_size, total = 16, 100
-    heads = kv_heads * group
-    q, k, v, _ = varlen_queries([total], heads, kv_heads, head_dim)
-    blocks = -(-total // block_size)
-    shape = (blocks + 1, block_size, kv_heads, head_dim)
-    k_cache, v_cache = torch.zeros(shape), torch.zeros(shape)
-    table = torch.randperm(blocks + 1)[:blocks].to(torch.int32)[None]  # [1, blocks]
-    slots = (table[0].long()[:, None] * block_size + torch.arange(block_size)).reshape(-1)
-    scale = head_dim**-0.5
-    whole = paged_prefill_attention_f32(
-        q, k, v, k_cache, v_cache, table, torch.tensor([0, total], dtype=torch.int32),
-        torch.zeros(1, dtype=torch.int32), scale,
-    )  # fmt: skip
-    store_kv_reference(k, v, k_cache, v_cache, slots[:total])
+    total = 100
+    s = one_sequence(total, kv_heads * group, kv_heads, head_dim, block_size=16)
+    store_kv_reference(s.k, s.v, s.k_cache, s.v_cache, s.slots[:total])
     positions = [0, 1, 7, 46, 47, 48, 49, 95, 96, 99] if batch == "many" else [97]
     decoded = paged_decode_attention_f32(
-        q[positions], k_cache, v_cache, table.expand(len(positions), -1),
-        torch.tensor(positions, dtype=torch.int32) + 1, scale,
+        s.q[positions], s.k_cache, s.v_cache, s.table.expand(len(positions), -1),
+        torch.tensor(positions, dtype=torch.int32) + 1, head_dim**-0.5,
     )  # fmt: skip
-    assert torch.equal(decoded, whole[positions])
+    assert torch.equal(decoded, s.whole[positions])
 
 
 def test_bad_inputs_raise() -> None:
