@@ -47,6 +47,14 @@ from prefixcache.kernels.reference.paged_attention import (
 )
 
 
+def _compiled_store_layout(*tensors: torch.Tensor) -> bool:
+    """k, v ([tokens, kv_heads, head_dim], unit stride along head_dim) and contiguous 4-D
+    pools: what the compiled float32 store takes (other layouts go to the reference)."""
+    k, v, k_cache, v_cache = tensors
+    rows = all(x.dim() == 3 and (x.numel() == 0 or x.stride(-1) == 1) for x in (k, v))
+    return rows and all(c.dim() == 4 and c.is_contiguous() for c in (k_cache, v_cache))
+
+
 def store_kv(
     k: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
     v: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
@@ -61,7 +69,12 @@ def store_kv(
         impl = triton_kernels().store_kv_triton
     elif k_scale is None and uses_cpu_model_ops(k, v, k_cache, v_cache):
         impl = cpu_kernels().store_kv_cpu
-    elif k_scale is None and v_scale is None and uses_cpu_f32_model_ops(k, v, k_cache, v_cache):
+    elif (
+        k_scale is None
+        and v_scale is None
+        and uses_cpu_f32_model_ops(k, v, k_cache, v_cache)
+        and _compiled_store_layout(k, v, k_cache, v_cache)
+    ):
         impl = cpu_kernels().store_kv_f32
     else:
         impl = store_kv_reference

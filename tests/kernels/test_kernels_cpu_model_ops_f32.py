@@ -123,3 +123,16 @@ def test_store_kv_rejects_bad_arguments_and_writes_nothing() -> None:
     with pytest.raises(ValueError, match="shapes disagree"):
         store_kv_f32(torch.ones(3, 1, 32), k, k_cache, v_cache, torch.arange(3))
     assert not k_cache.any() and not v_cache.any()
+
+
+def test_store_kv_dispatch_takes_other_layouts_through_the_reference() -> None:
+    """k/v strided along head_dim are not the compiled store's: the dispatch writes them with
+    the reference instead of raising."""
+    k, v = randn(6, 64, 2).transpose(1, 2), randn(6, 64, 2, seed=1).transpose(1, 2)  # [6, 2, 64]
+    assert k.stride(-1) != 1
+    slots = torch.tensor([3, 0, 5, -1, 9, 12])
+    got_k, got_v = torch.zeros(4, 4, 2, 64), torch.zeros(4, 4, 2, 64)
+    expected_k, expected_v = got_k.clone(), got_v.clone()
+    store_kv(k, v, got_k, got_v, slots)
+    store_kv_reference(k, v, expected_k, expected_v, slots)
+    assert expected_k.any() and torch.equal(got_k, expected_k) and torch.equal(got_v, expected_v)
