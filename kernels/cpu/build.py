@@ -1,7 +1,8 @@
 """Compile the CPU kernels with the system gcc at first use and load them with ctypes, as two
 shared libraries: the AVX-512/BF16 one (``paged_attention.c``, ``model_ops.c``, ``linear.c``,
 ``greedy_screen.c``, ``decoder_layer.c``; ``load_library()``) and the AVX2/FMA one for float32
-(``paged_attention_f32.c``, ``linear_f32.c``, ``model_ops_f32.c``; ``load_f32_library()``),
+(``paged_attention_f32.c``, ``linear_f32.c``, ``model_ops_f32.c``, ``decoder_layer_f32.c``;
+``load_f32_library()``),
 each built only where the CPU has its instruction sets.
 
 A shared library is cached as ``$XDG_CACHE_HOME/prefixcache/kernels/<name>-<hash>.so``
@@ -189,15 +190,40 @@ def _build(spec: LibrarySpec) -> ctypes.CDLL:
     return lib
 
 
-# pc_store_kv / pc_f32_store_kv: k, token stride, head stride, v, token stride, head stride,
-# k_cache, v_cache, slots (int64), tokens, num_kv_heads, head_dim, num_slots
-STORE_KV_ARGTYPES = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64] * 2 + [
-    ctypes.c_void_p
-] * 3 + [ctypes.c_int64] * 4
+def _declare_layer_ops(lib: ctypes.CDLL, prefix: str) -> None:
+    """The functions both libraries export with one C signature each, named ``prefix`` +
+    name ("pc_" bf16, "pc_f32_" float32; element pointers are void* here): the elementwise ops,
+    the KV store and the fused decoder layers."""
+    ptr, i64, i32, f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
+    signatures = {
+        "rms_norm": (None, [
+            ptr, i64, ptr, i64, ptr, ptr, i64,  # x, stride, residual, stride, weight, out, stride
+            i64, i64, f32, i32,  # rows, hidden, eps, num_threads
+        ]),
+        "rotary": (None, [
+            ptr, i64, i64, ptr, i64,  # x, token stride, head stride, cos_sin, token stride
+            i64, i64, i64, i32,  # tokens, num_heads, head_dim, num_threads
+        ]),
+        # gate_up, row stride, out, row stride, rows, intermediate, num_threads
+        "silu_and_mul": (None, [ptr, i64, ptr, i64, i64, i64, i32]),
+        "store_kv": (i32, [
+            ptr, i64, i64, ptr, i64, i64,  # k, token stride, head stride, v, ...
+            ptr, ptr, ptr,  # k_cache, v_cache, slots (int64)
+            i64, i64, i64, i64,  # tokens, num_kv_heads, head_dim, num_slots
+        ]),
+        # layer_args[n] (decoder_layer.py), n, the step's layer_args, *failed
+        "decoder_layers": (i32, [ptr, i64, ptr, ptr]),
+        "release_layer_scratch": (None, []),
+    }  # fmt: skip
+    for name, (restype, argtypes) in signatures.items():
+        function = getattr(lib, prefix + name)
+        function.restype = restype
+        function.argtypes = argtypes
 
 
 def _declare(lib: ctypes.CDLL) -> None:
     ptr, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
+    _declare_layer_ops(lib, "pc_")
     lib.pa_paged_attention.restype = i32
     lib.pa_paged_attention.argtypes = [
         ptr, i64, i64,  # q, token stride, head stride
@@ -212,39 +238,19 @@ def _declare(lib: ctypes.CDLL) -> None:
     ]  # fmt: skip
     lib.pa_release_workspace.restype = None
     lib.pa_release_workspace.argtypes = []
-    f32 = ctypes.c_float
-    lib.pc_rms_norm.restype = None
-    lib.pc_rms_norm.argtypes = [
-        ptr, i64, ptr, i64, ptr, ptr, i64,  # x, stride, residual, stride, weight, out, stride
-        i64, i64, f32, i32,  # rows, hidden, eps, num_threads
-    ]  # fmt: skip
-    lib.pc_rotary.restype = None
-    lib.pc_rotary.argtypes = [
-        ptr, i64, i64, ptr, i64,  # x, token stride, head stride, cos_sin, token stride
-        i64, i64, i64, i32,  # tokens, num_heads, head_dim, num_threads
-    ]  # fmt: skip
-    lib.pc_silu_and_mul.restype = None
-    lib.pc_silu_and_mul.argtypes = [ptr, i64, ptr, i64, i64, i64, i32]
     lib.pc_linear.restype = None
     lib.pc_linear.argtypes = [
         ptr, i64, i64, i64,  # x, row stride, rows, input pairs
         ptr, i64, ptr, ptr, i64, i32,  # packed weight, n_out, bias, out, row stride, threads
     ]  # fmt: skip
-    lib.pc_decoder_layers.restype = i32
-    # layer_args[n] (decoder_layer.py), n, the step's layer_args, *failed
-    lib.pc_decoder_layers.argtypes = [ptr, i64, ptr, ptr]
     lib.pc_profile_enable.restype = None
     lib.pc_profile_enable.argtypes = [i32]
     lib.pc_profile_read.restype = None
     lib.pc_profile_read.argtypes = [ptr, i32]  # double[PC_NUM_PHASES], reset
     lib.pc_bf16_dot_gflops.restype = ctypes.c_double
     lib.pc_bf16_dot_gflops.argtypes = [i32, i64]
-    lib.pc_release_layer_scratch.restype = None
-    lib.pc_release_layer_scratch.argtypes = []
     lib.pc_copy_blocks.restype = i32
     lib.pc_copy_blocks.argtypes = [ptr, i64, i64, i64, ptr, i64, ptr]  # pools, n, bytes, ...
-    lib.pc_store_kv.restype = i32
-    lib.pc_store_kv.argtypes = STORE_KV_ARGTYPES
     lib.pc_work_runs_drain.restype = i64
     lib.pc_work_runs_drain.argtypes = [i64, i32, i32, ptr]  # n, runs, tid, out int64[n]
     lib.pc_screen_pack.restype = i32
@@ -260,6 +266,7 @@ def _declare(lib: ctypes.CDLL) -> None:
 
 def _declare_f32(lib: ctypes.CDLL) -> None:
     ptr, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
+    _declare_layer_ops(lib, "pc_f32_")
     lib.pa_f32_attention.restype = i32
     lib.pa_f32_attention.argtypes = [
         ptr, i64, i64, ptr, i64, i64, ptr, i64, i64,  # q, k, v with token and head strides
@@ -275,22 +282,6 @@ def _declare_f32(lib: ctypes.CDLL) -> None:
         ptr, i64, i64, i64,  # x, row stride, rows, k
         ptr, i64, ptr, ptr, i64, i32,  # packed weight, n_out, bias, out, row stride, threads
     ]  # fmt: skip
-    f32 = ctypes.c_float
-    lib.pc_f32_rms_norm.restype = None
-    lib.pc_f32_rms_norm.argtypes = [
-        ptr, i64, ptr, i64, ptr, ptr, i64,  # x, stride, residual, stride, weight, out, stride
-        i64, i64, f32, i32,  # rows, hidden, eps, num_threads
-    ]  # fmt: skip
-    lib.pc_f32_silu_and_mul.restype = None
-    lib.pc_f32_silu_and_mul.argtypes = [ptr, i64, ptr, i64, i64, i64, i32]
-    lib.pc_f32_rotary.restype = None
-    lib.pc_f32_rotary.argtypes = [ptr, i64, i64, ptr, i64, i64, i64, i64, i32]
-    lib.pc_f32_store_kv.restype = i32
-    lib.pc_f32_store_kv.argtypes = STORE_KV_ARGTYPES
-    lib.pc_f32_decoder_layers.restype = i32
-    lib.pc_f32_decoder_layers.argtypes = [ptr, i64, ptr, ptr]  # layers, n, step, failed
-    lib.pc_f32_release_layer_scratch.restype = None
-    lib.pc_f32_release_layer_scratch.argtypes = []
 
 
 AVX512_LIBRARY = LibrarySpec(

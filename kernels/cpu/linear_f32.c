@@ -26,8 +26,9 @@
 /* The lines of the next strip a row tile asks the memory for while it computes: from `next`,
  * one line every `tiles` input dims (`tiles` = the row tiles of the strip, which split the
  * next strip between them). Each input dim issues one prefetch, with no branch: a line asked
- * for twice costs a load slot, while a counter and a branch in this loop made it 20-40%
- * slower on 1,637 rows. Prefetches past the weight's end are harmless (they never fault). */
+ * for twice costs a load slot, while a counter and a branch in this loop made the GEMM
+ * markedly slower on many rows. Prefetches past the weight's end are harmless (they never
+ * fault). */
 typedef struct {
     const char *next;  /* first line to ask for */
     uint64_t step;     /* bytes advanced per input dim, 16.16 fixed point (64 / tiles) */

@@ -280,8 +280,9 @@ typedef struct {
  * its keys of every head of the item (one pool slot's run), then its values. Pool blocks lie
  * scattered, and the kernel's own reads (8 keys of one head at a time) leave the hardware
  * prefetchers idle: a step then waited on memory line by line, and software prefetches did
- * not help. Read this way first, the step's rows stream in (32 decode sequences of 350 keys
- * from memory: 1.0-1.1 ms a layer instead of 1.6-1.8). */
+ * not help. Read this way first, the step's rows stream in (with the grouping of kv heads,
+ * cpu_attention_f32.py's decode of 32 sequences over 30 layers' pools: 3.23 -> 2.00 ms a
+ * layer). */
 static void read_step_rows(const token_head *heads, int nkh, int nk, int D) {
     for (int j = 0; j < nk; j++) {
         for (int h = 0; h < nkh; h++)
