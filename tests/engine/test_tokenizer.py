@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 import threading
-import time
 
 import pytest
 from model_layer_helpers import CORPUS, train_tiny_tokenizer
@@ -185,27 +185,39 @@ def test_long_text_encodes_to_the_same_ids(backend):
 
 def test_long_text_encoding_lets_other_threads_run(backend):
     """The backend's single-text encode holds the GIL throughout; a long text must not
-    freeze every other thread (a server's event loop) for the seconds it takes."""
+    freeze every other thread (a server's event loop) for the seconds it takes.
+
+    With a switch interval longer than the test, a waiting thread gets the GIL only when
+    the encoding thread releases it: the waiter runs during ``encode`` exactly when the
+    encode lets go of the GIL (a short text's encode, which holds it, is the control)."""
     tokenizer = Tokenizer(backend)
-    text = CORPUS[0] * 20_000  # 1.5 MB
-    ticks, done = [], threading.Event()
 
-    def tick() -> None:
-        while not done.is_set():
-            ticks.append(time.monotonic())
-            time.sleep(0.002)
+    def ran_during_encode(text: str) -> bool:
+        go, done = threading.Event(), threading.Event()
+        encoding, seen = [False], []
 
-    ticker = threading.Thread(target=tick)
-    ticker.start()
-    time.sleep(0.02)
-    started = time.monotonic()
-    tokenizer.encode(text)
-    elapsed = time.monotonic() - started
-    done.set()
-    ticker.join()
-    during = [t for t in ticks if started < t < started + elapsed]
-    assert elapsed > 0.2, "encoding was too quick to tell"
-    assert len(during) >= 10, f"{len(during)} ticks in {elapsed:.2f}s of encoding"
+        def waiter() -> None:
+            go.wait()
+            seen.append(encoding[0])  # the first moment this thread holds the GIL again
+            done.wait()
+
+        thread = threading.Thread(target=waiter)
+        thread.start()
+        interval = sys.getswitchinterval()
+        sys.setswitchinterval(5.0)  # seconds: far longer than the few lines below take
+        try:
+            go.set()  # the waiter wakes and waits for the GIL this thread holds
+            encoding[0] = True
+            tokenizer.encode(text)
+            encoding[0] = False
+        finally:
+            sys.setswitchinterval(interval)
+            done.set()
+        thread.join()
+        return seen[0]
+
+    assert ran_during_encode(CORPUS[0] * 20_000)  # 1.5 MB
+    assert not ran_during_encode(CORPUS[0][:LONG_TEXT_CHARS])
 
 
 def test_min_tokens_bounds_the_token_count(backend):

@@ -5,8 +5,7 @@ text is tokenized without stalling other requests. /tokenize counts over-long te
 from __future__ import annotations
 
 import threading
-import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import httpx
 import pytest
@@ -107,51 +106,77 @@ def roomy_server(engine: AsyncLLM) -> Iterator[BackgroundServer]:
         yield running
 
 
-def _worst_health_wait(base_url: str, route: str, body: bytes
-                       ) -> tuple[httpx.Response, float, int]:
-    """POST ``body`` to ``route`` in a thread while polling /health here; returns its answer,
-    the longest time one poll round took (it grows while the server's event loop, or the
-    GIL, is held) and the number of polls."""
+class EncodeSpy:
+    """Stands in for the engine tokenizer's ``encode``: records the length of every text it
+    is given and, for a text of at least ``hold_chars`` characters, calls ``while_held``
+    before encoding it (with the real encode's answer after)."""
+
+    def __init__(self, encode: Callable[[str], list[int]], hold_chars: int,
+                 while_held: Callable[[], None] = lambda: None) -> None:
+        self.encode, self.hold_chars, self.while_held = encode, hold_chars, while_held
+        self.lengths: list[int] = []
+
+    def __call__(self, text: str, *args, **kwargs) -> list[int]:
+        self.lengths.append(len(text))
+        if len(text) >= self.hold_chars:
+            self.while_held()
+        return self.encode(text, *args, **kwargs)
+
+
+def _post_in_thread(url: str, body: bytes) -> tuple[threading.Thread, list[httpx.Response]]:
     answer: list[httpx.Response] = []
-
-    def post() -> None:
-        answer.append(httpx.post(f"{base_url}{route}", content=body, headers=JSON,
-                                 timeout=300))
-
-    sender = threading.Thread(target=post)
-    worst, polls = 0.0, 0
-    with httpx.Client(base_url=base_url, timeout=300) as client:
-        client.get("/health")  # connect before timing
-        sender.start()
-        while sender.is_alive():
-            started = time.monotonic()
-            assert client.get("/health").status_code == 200
-            time.sleep(0.01)
-            worst, polls = max(worst, time.monotonic() - started), polls + 1
-    sender.join()
-    return answer[0], worst, polls
+    sender = threading.Thread(
+        target=lambda: answer.append(httpx.post(url, content=body, headers=JSON, timeout=300)))
+    sender.start()
+    return sender, answer
 
 
-def test_prompt_too_long_to_fit_is_refused_without_tokenizing(roomy_server) -> None:
+def test_prompt_too_long_to_fit_is_refused_without_tokenizing(roomy_server, engine,
+                                                               monkeypatch) -> None:
     """16 MB of text (millions of tokens) cannot fit 512 tokens whatever it tokenizes to:
     it is refused at once instead of holding the server for its tokenizing."""
+    tokenizer = engine.llm.tokenizer
+    spy = EncodeSpy(tokenizer.encode, hold_chars=0)
+    monkeypatch.setattr(tokenizer, "encode", spy)
     prompt = SENTENCE * 600_000
-    body = httpx.Request("POST", "/", json={"prompt": prompt, "max_tokens": 1}).content
-    response, worst, _ = _worst_health_wait(roomy_server.base_url, "/v1/completions", body)
+    response = httpx.post(f"{roomy_server.base_url}/v1/completions", headers=JSON, timeout=300,
+                          content=httpx.Request("POST", "/", json={"prompt": prompt,
+                                                                  "max_tokens": 1}).content)
     error = assert_openai_error(response, 400, "prompt", "context_length_exceeded")
     assert "at least" in error["message"]
-    assert worst < 1.0, f"/health waited {worst:.2f}s"
+    assert spy.lengths == [], "the text was tokenized before it was refused"
 
 
-def test_long_text_is_tokenized_off_the_event_loop(roomy_server) -> None:
+def test_long_text_is_tokenized_off_the_event_loop(roomy_server, engine, monkeypatch) -> None:
     """/tokenize counts any length, so it must tokenize a long text: other requests are
-    served meanwhile."""
+    served meanwhile. The tokenizing waits until /health has been answered, which only a
+    free event loop can do; tokenizing on the loop fails the /health request."""
+    tokenizer = engine.llm.tokenizer
+    entered, health_answered = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        entered.set()
+        health_answered.wait(timeout=120)
+
     text = SENTENCE * 100_000  # 2.7 MB, 1.6 million tokens
+    spy = EncodeSpy(tokenizer.encode, hold_chars=len(text), while_held=hold)
+    monkeypatch.setattr(tokenizer, "encode", spy)
     body = httpx.Request("POST", "/", json={"prompt": text}).content
-    response, worst, polls = _worst_health_wait(roomy_server.base_url, "/tokenize", body)
-    assert response.status_code == 200 and response.json()["count"] > 500_000
-    assert worst < 1.0, f"/health waited {worst:.2f}s"
-    assert polls >= 3, "the text was tokenized too fast to tell"
+    sender, answer = _post_in_thread(f"{roomy_server.base_url}/tokenize", body)
+    try:
+        assert entered.wait(timeout=120), "/tokenize never tokenized the text"
+        try:
+            health = httpx.get(f"{roomy_server.base_url}/health", timeout=20)
+        except httpx.TimeoutException:
+            pytest.fail("/health was not answered while the text was tokenized: the "
+                        "tokenizing holds the event loop")
+        assert health.status_code == 200
+    finally:
+        health_answered.set()
+        sender.join()
+    assert answer[0].status_code == 200, answer[0].text
+    assert answer[0].json()["count"] == len(tokenizer.encode(text)) > 500_000
+    assert spy.lengths.count(len(text)) == 2  # the request's and the check's
 
 
 def test_prompt_near_the_limit_is_tokenized_and_counted(server: BackgroundServer) -> None:
