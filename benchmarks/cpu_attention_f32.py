@@ -6,10 +6,11 @@ block ids), float32; the two variants timed alternately in one run, medians repo
 
 1. cold prefill: one sequence, 1,637 new tokens, no cached context (causal);
 2. warm prefill: 64 new tokens over 1,637 cached tokens;
-3. batched decode: 32 sequences, one query each, 300-400 cached tokens each;
-4. the same over 30 layers' pools in turn, as a decode step reads them (from memory, not
-   from cache; time per layer);
-5. decode of one sequence over 1,701 cached tokens.
+3. the same over 30 layers' pools in turn, as a warm request's forward reads them (from
+   memory, not from cache; time per layer), and over 4,096 cached tokens;
+4. batched decode: 32 sequences, one query each, 300-400 cached tokens each;
+5. the same over 30 layers' pools in turn, as a decode step reads them;
+6. decode of one sequence over 1,701 cached tokens.
 
 FLOPs: 4 * heads * head_dim * (query, visible key) pairs.
 
@@ -89,17 +90,14 @@ def decode_case(lengths: list[int], generator: torch.Generator) -> dict[str, Cal
     }
 
 
-def layered_decode_case(
-    lengths: list[int], layers: int, generator: torch.Generator
-) -> dict[str, Callable]:
-    """Decode over ``layers`` pools in turn (each its own memory, as a model's layers are), so
-    every call finds its pool out of cache; timed per layer."""
-    cases = [decode_case(lengths, generator) for _ in range(layers)]
+def over_layers(cases: list[dict[str, Callable]]) -> dict[str, Callable]:
+    """The variants of ``cases`` (one a layer, each its own pool, as a model's layers are) run
+    in turn, so every call finds its pool out of cache; timed per layer."""
 
-    def over_layers(variant: str) -> Callable:
+    def in_turn(variant: str) -> Callable:
         return lambda: [case[variant]() for case in cases]
 
-    return {"kernel": over_layers("kernel"), "reference": over_layers("reference")}
+    return {"kernel": in_turn("kernel"), "reference": in_turn("reference")}
 
 
 def time_alternately(variants: dict[str, Callable], repeats: int) -> dict[str, float]:
@@ -134,10 +132,17 @@ def main() -> None:
         ("cold prefill, 1,637 tokens", prefill_case(0, 1637, generator), 1637 * 1638 / 2, 1),
         ("64 new over 1,637 cached", prefill_case(1637, 64, generator),
          64 * 1637 + 64 * 65 / 2, 1),
+        ("64 new over 1,637 cached, 30 layers' pools",
+         over_layers([prefill_case(1637, 64, generator) for _ in range(LAYERS)]),
+         64 * 1637 + 64 * 65 / 2, LAYERS),
+        ("64 new over 4,096 cached, 30 layers' pools",
+         over_layers([prefill_case(4096, 64, generator) for _ in range(LAYERS)]),
+         64 * 4096 + 64 * 65 / 2, LAYERS),
         ("decode, 32 sequences x 300-400", decode_case(decode_lengths, generator),
          sum(decode_lengths), 1),
         ("decode, 32 x 300-400, 30 layers' pools",
-         layered_decode_case(decode_lengths, LAYERS, generator), sum(decode_lengths), LAYERS),
+         over_layers([decode_case(decode_lengths, generator) for _ in range(LAYERS)]),
+         sum(decode_lengths), LAYERS),
         ("decode, 1 sequence x 1,701", decode_case([1701], generator), 1701, 1),
     ]  # fmt: skip
     table = Table(title=f"float32 paged attention, {args.threads} threads (ms, median)")

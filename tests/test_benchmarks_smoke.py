@@ -128,6 +128,8 @@ def test_cpu_attention_f32_quick(tmp_path):
     assert [case["case"] for case in result["cases"]] == [
         "cold prefill, 1,637 tokens",
         "64 new over 1,637 cached",
+        "64 new over 1,637 cached, 30 layers' pools",
+        "64 new over 4,096 cached, 30 layers' pools",
         "decode, 32 sequences x 300-400",
         "decode, 32 x 300-400, 30 layers' pools",
         "decode, 1 sequence x 1,701",

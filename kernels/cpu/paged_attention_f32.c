@@ -91,6 +91,21 @@ INLINE void key_rows(const attention_args *a, int s, int kh, int j0, int n, cons
     }
 }
 
+INLINE int min_int(int x, int y) { return x < y ? x : y; }
+
+/* Reads the first n key rows of a step and then their value rows, a load per cache line,
+ * before the tile computes on them. These are cached keys: pool slots scattered block by
+ * block, a third of each slot (one kv head's part), an order the hardware prefetchers follow
+ * slowly, so the tile's loads, mixed with its FMAs, waited on memory one line at a time when
+ * a layer's pool comes from memory (a warm prefill reads each layer's once); loads issued
+ * together overlap their waits. */
+INLINE void read_pool_rows(const float *const *krow, const float *const *vrow, int n, int D) {
+    for (int j = 0; j < n; j++)
+        for (int d = 0; d < D; d += 16) (void)*(const volatile float *)(krow[j] + d);
+    for (int j = 0; j < n; j++)
+        for (int d = 0; d < D; d += 16) (void)*(const volatile float *)(vrow[j] + d);
+}
+
 /* One row tile: RV ymm of rows (8 * RV lanes), NKQ keys scored at a time, NDV output dims
  * updated at a time (RV * NKQ and RV * NDV accumulators). */
 INLINE void attend_tile(const attention_args *a, const tile_item *it, const int RV,
@@ -125,6 +140,7 @@ INLINE void attend_tile(const attention_args *a, const tile_item *it, const int 
         const int nk = lim_max - kb0 < KB ? lim_max - kb0 : KB;
         const int nkp = (nk + NKQ - 1) / NKQ * NKQ; /* keys scored, padded with zero rows */
         key_rows(a, it->seq, it->kh, kb0, nk, krow, vrow);
+        read_pool_rows(krow, vrow, kb0 < si->ncache ? min_int(nk, si->ncache - kb0) : 0, D);
         for (int j = nk; j < nkp; j++) krow[j] = vrow[j] = zero_row;
         /* S = Qt . K: NKQ keys x RV row vectors at a time */
         for (int j0 = 0; j0 < nkp; j0 += NKQ) {
