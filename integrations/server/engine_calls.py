@@ -49,14 +49,22 @@ async def call_engine(state: ServerState, function: Callable[..., T]) -> T:
 async def snapshots(
     state: ServerState, token_ids: list[int], params: SamplingParams, salt: str | None,
 ) -> AsyncIterator[RequestOutput]:
-    """One request's cumulative snapshots; its finish is recorded in the metrics."""
+    """One request's cumulative snapshots; its end is recorded in the metrics: its finish, or
+    its ``n`` completions as ``abort`` (the client left, the stream was closed) or ``error``
+    (the engine failed it)."""
+    ended = "abort"
     try:
         async for output in state.engine.generate(token_ids, params, salt=salt):
             if output.finished:
+                ended = "finished"
                 state.metrics.observe(output)
             yield output
     except (EngineDeadError, EngineRequestError, TypeError, ValueError) as error:
+        ended = "error"
         raise engine_error(error) from error
+    finally:
+        if ended != "finished":
+            state.metrics.unfinished(ended, params.n)
 
 
 async def final_outputs(

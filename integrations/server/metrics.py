@@ -73,7 +73,9 @@ class ServerMetrics:
             buckets=LATENCY_BUCKETS, registry=self.registry,
         )
         self.finished = Counter(
-            f"{PREFIX}_request_success", "Finished requests by finish reason",
+            f"{PREFIX}_request_success",
+            "Completions ended, by finish reason (abort: the client left; error: the engine "
+            "failed it)",
             ["finish_reason"], registry=self.registry,
         )
         self.rejected = Counter(
@@ -92,6 +94,11 @@ class ServerMetrics:
             self.e2e.observe(metrics.e2e)
         for completion in output.outputs:
             self.finished.labels(finish_reason=completion.finish_reason or "unknown").inc()
+
+    def unfinished(self, reason: str, completions: int) -> None:
+        """Record a request that ended without finishing (``abort``, ``error``): its
+        ``completions`` (its ``n``) under that finish reason."""
+        self.finished.labels(finish_reason=reason).inc(completions)
 
     def render(self, stats: dict[str, Any]) -> bytes:
         """The text exposition format, with engine counters from ``stats``."""

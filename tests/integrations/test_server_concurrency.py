@@ -48,11 +48,10 @@ def test_32_concurrent_streaming_clients_complete(server: BackgroundServer) -> N
     assert_server_clean(server.base_url)
 
 
-LENGTH_FINISHES = 'prefixcache_request_success_total{finish_reason="length"}'
-
-
-def finished_by_length(http: httpx.Client) -> float:
-    return counter_value(http.get("/metrics").text, LENGTH_FINISHES)
+def finished_by(http: httpx.Client, reason: str) -> float:
+    """The server's count of completions ended with finish reason ``reason``."""
+    line = f'prefixcache_request_success_total{{finish_reason="{reason}"}}'
+    return counter_value(http.get("/metrics").text, line)
 
 
 def test_disconnect_mid_stream_frees_blocks(server: BackgroundServer, engine: AsyncLLM) -> None:
@@ -60,7 +59,7 @@ def test_disconnect_mid_stream_frees_blocks(server: BackgroundServer, engine: As
         for route, body in (("/v1/completions", LONG),
                             ("/v1/chat/completions",
                              {**LONG, "messages": [{"role": "user", "content": "go"}]})):
-            length_before = finished_by_length(http)
+            length_before, aborts_before = finished_by(http, "length"), finished_by(http, "abort")
             with http.stream("POST", route, json=body) as response:
                 lines = response.iter_lines()
                 received = [next(lines) for _ in range(6)]
@@ -70,18 +69,20 @@ def test_disconnect_mid_stream_frees_blocks(server: BackgroundServer, engine: As
                     response.close()  # the client leaves mid-stream
             stats = wait_until_clean(server.base_url)
             assert stats["free"] + stats["cached"] == stats["num_blocks"]
-            assert finished_by_length(http) == length_before  # aborted, not run to its end
+            assert finished_by(http, "length") == length_before  # aborted, not run to its end
+            assert finished_by(http, "abort") == aborts_before + 1
 
 
 def test_disconnect_during_whole_response_frees_blocks(server: BackgroundServer,
                                                         engine: AsyncLLM) -> None:
     body = {**LONG, "stream": False}
     with httpx.Client(base_url=server.base_url, timeout=30) as http:
-        length_before = finished_by_length(http)
+        length_before, aborts_before = finished_by(http, "length"), finished_by(http, "abort")
         with EngineGate(engine), pytest.raises(httpx.ReadTimeout):
-            http.post("/v1/completions", json=body, timeout=0.5)  # no step can run meanwhile
+            http.post("/v1/completions", json={**body, "n": 2}, timeout=0.5)  # no step runs
         wait_until_clean(server.base_url)
-        assert finished_by_length(http) == length_before
+        assert finished_by(http, "length") == length_before
+        assert finished_by(http, "abort") == aborts_before + 2  # both completions
 
 
 @pytest.fixture()

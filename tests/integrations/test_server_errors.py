@@ -3,14 +3,20 @@ no block."""
 
 from __future__ import annotations
 
+import asyncio
+
 import httpx
 import openai
 import pytest
 from integration_helpers import SERVED_NAME, assert_openai_error, assert_server_clean, make_llm
 
 from prefixcache.engine.async_llm import AsyncLLM, EngineRequestError
+from prefixcache.engine.sampling_params import SamplingParams
 from prefixcache.integrations.server import BackgroundServer, build_app
-from prefixcache.integrations.server.engine_calls import engine_error
+from prefixcache.integrations.server.engine_calls import engine_error, snapshots
+from prefixcache.integrations.server.errors import ApiError
+from prefixcache.integrations.server.metrics import ServerMetrics
+from prefixcache.integrations.server.state import ServerState
 
 MAX_MODEL_LEN = 512  # the tiny model's context length
 OK_COMPLETION = {"model": SERVED_NAME, "prompt": "hello", "max_tokens": 2}
@@ -199,3 +205,37 @@ def test_a_stopped_engine_answers_503_not_a_hang(tiny_chat_dir) -> None:
                                    ("POST", "/v1/completions", OK_COMPLETION)):
             response = httpx.request(method, f"{stopped.base_url}{path}", json=body, timeout=30)
             assert_openai_error(response, 503, code="engine_dead")
+
+
+def _ended(metrics: ServerMetrics, reason: str) -> float:
+    value = metrics.registry.get_sample_value("prefixcache_request_success_total",
+                                              {"finish_reason": reason})
+    return value or 0.0
+
+
+def test_a_request_the_engine_fails_counts_as_error_and_one_closed_early_as_abort(
+        tiny_chat_dir) -> None:
+    """/metrics' completions by finish reason include the requests that never finished."""
+    engine = AsyncLLM(make_llm(tiny_chat_dir, num_blocks=16))
+    state = ServerState(engine, SERVED_NAME)
+    params = SamplingParams(max_tokens=50, ignore_eos=True, n=2)
+
+    async def close_after_first_snapshot() -> None:
+        stream = snapshots(state, [1, 2, 3], params, None)
+        first = await anext(stream)
+        assert not first.finished
+        await stream.aclose()  # as a disconnecting client's stream is
+
+    async def run_on_a_stopped_engine() -> None:
+        async for _ in snapshots(state, [1, 2, 3], params, None):
+            pass
+
+    try:
+        asyncio.run(close_after_first_snapshot())
+        assert _ended(state.metrics, "abort") == 2 and _ended(state.metrics, "error") == 0
+    finally:
+        engine.shutdown()
+    with pytest.raises(ApiError) as raised:
+        asyncio.run(run_on_a_stopped_engine())
+    assert (raised.value.status, raised.value.code) == (503, "engine_dead")
+    assert _ended(state.metrics, "error") == 2 and _ended(state.metrics, "abort") == 2
