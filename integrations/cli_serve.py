@@ -1,6 +1,7 @@
 """`prefixcache serve`: the OpenAI-compatible server on a model, with uvicorn.
 
     prefixcache serve --model smollm2 --host 127.0.0.1 --port 8000 [--api-key KEY]
+                      [--max-body-bytes N]
 
 The key can also come from the PREFIXCACHE_API_KEY environment variable (kept out of the
 process list). Bad options exit with code 2 and one message; those that can be checked
@@ -83,6 +84,9 @@ def serve(
     device: Annotated[str | None, typer.Option(help="cpu (default), cuda or cuda:N.")] = None,
     max_pending: Annotated[int, typer.Option(
         help="Requests in flight before new ones get 429.", min=1)] = 256,
+    max_body_bytes: Annotated[int | None, typer.Option(
+        help="Request bodies over this many bytes get 413 (default: 16 full-context prompts' "
+             "worth, from the model).", min=1, show_default=False)] = None,
     log_level: Annotated[LogLevel, typer.Option(
         help="uvicorn log level.", case_sensitive=False)] = LogLevel.info,
 ) -> None:
@@ -111,7 +115,7 @@ def serve(
         raise typer.BadParameter(describe_load_error(model, error)) from None
     try:
         app = build_app(engine, model_name=served_model_name or model, api_key=api_key,
-                        max_pending=max_pending)
+                        max_pending=max_pending, max_body_bytes=max_body_bytes)
         uvicorn.run(app, host=host, port=port, log_level=log_level.value, lifespan="off")
     finally:
         engine.shutdown()

@@ -44,7 +44,7 @@ def test_serve_command_runs_a_keyed_server(tiny_chat_dir: Path) -> None:
     process = subprocess.Popen(
         [*CLI, "serve", "--model", str(tiny_chat_dir), "--port", str(port), "--dtype",
          "float32", "--num-blocks", "64", "--block-size", "4", "--served-model-name", "tiny",
-         "--log-level", "warning"],
+         "--log-level", "warning", "--max-body-bytes", "4096"],
         env={**_env(), "PREFIXCACHE_API_KEY": "secret"},
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
@@ -56,6 +56,11 @@ def test_serve_command_runs_a_keyed_server(tiny_chat_dir: Path) -> None:
             model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=3)
         assert reply.usage.completion_tokens == 3
         assert httpx.get(f"{base}/v1/models").status_code == 401
+        too_big = httpx.post(f"{base}/v1/completions", timeout=30,
+                             headers={"Authorization": "Bearer secret"},
+                             json={"model": "tiny", "prompt": "x" * 5000, "max_tokens": 1})
+        assert too_big.status_code == 413, too_big.text
+        assert too_big.json()["error"]["code"] == "request_too_large"
     finally:
         process.send_signal(signal.SIGINT)
         _, stderr = process.communicate(timeout=60)
