@@ -134,8 +134,10 @@ def test_cpu_attention_f32_quick(tmp_path):
         "decode, 32 x 300-400, 30 layers' pools",
         "decode, 1 sequence x 1,701",
     ]
+    peak = result["meta"]["fma_peak_gflops"]
     for case in result["cases"]:
         assert case["kernel_s"] > 0 and case["reference_s"] > 0 and case["kernel_gflops"] > 0
+        assert math.isclose(case["kernel_of_peak"], case["kernel_gflops"] / peak)
 
 
 @pytest.mark.skipif(
@@ -146,3 +148,6 @@ def test_cpu_linear_f32_quick(tmp_path):
     assert result["meta"]["layers"] == 2
     assert [row["rows"] for row in result["rows"]] == [1, 32, 64, 1637]
     assert all(row["compiled_s"] > 0 and row["onednn_s"] > 0 for row in result["rows"])
+    peak = result["meta"]["fma_peak_gflops"]
+    for row in result["rows"]:
+        assert math.isclose(row["compiled_of_peak"], row["compiled_gflops"] / peak)

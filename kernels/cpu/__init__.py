@@ -15,7 +15,7 @@ A float32 engine's attention, projections and elementwise ops have kernels of th
 built for AVX2 and FMA only (``paged_attention_f32``: ``f32_attention_available``,
 ``f32_kernel_supports``; ``linear_f32``: ``f32_linear_supports``, ``pack_f32_weight``;
 ``model_ops_f32``: ``f32_model_ops_support``, and ``store_kv_f32``), so they run on CPUs
-without AVX-512 too.
+without AVX-512 too; ``f32_fma_peak`` is their ceiling (``peak_rates``).
 Otherwise use the references in ``prefixcache.kernels.reference``, which have the same
 signatures.
 """
@@ -66,7 +66,8 @@ from prefixcache.kernels.cpu.paged_attention_f32 import (
     paged_decode_attention_f32,
     paged_prefill_attention_f32,
 )
-from prefixcache.kernels.cpu.phase_profile import PHASES, bf16_dot_peak, phase_profile
+from prefixcache.kernels.cpu.peak_rates import bf16_dot_peak, f32_fma_peak
+from prefixcache.kernels.cpu.phase_profile import PHASES, phase_profile
 
 __all__ = [
     "PHASES",
@@ -87,6 +88,7 @@ __all__ = [
     "cpu_model_ops_support",
     "decoder_layers_cpu",
     "f32_attention_available",
+    "f32_fma_peak",
     "f32_kernel_supports",
     "f32_linear_supports",
     "f32_model_ops_support",

@@ -63,6 +63,7 @@ F32_SOURCES = tuple(
     _HERE / name
     for name in (
         "paged_attention_f32.c", "linear_f32.c", "model_ops_f32.c", "decoder_layer_f32.c",
+        "fma_peak_f32.c",
     )
 )  # fmt: skip
 F32_HEADERS = tuple(
@@ -277,6 +278,8 @@ def _declare_f32(lib: ctypes.CDLL) -> None:
         i32, i32, i32, i32,  # num_heads, num_kv_heads, head_dim, block_size
         ctypes.c_float, i32,  # scale, num_threads
     ]  # fmt: skip
+    lib.pc_f32_fma_gflops.restype = ctypes.c_double
+    lib.pc_f32_fma_gflops.argtypes = [i32, i64]  # threads, rounds
     lib.pc_f32_linear.restype = None
     lib.pc_f32_linear.argtypes = [
         ptr, i64, i64, i64,  # x, row stride, rows, k

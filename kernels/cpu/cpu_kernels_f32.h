@@ -31,5 +31,6 @@ int pa_f32_attention(const float *q, int64_t q_tok, int64_t q_head, const float 
                      int num_seqs, int64_t num_tokens, float *out, int64_t o_tok,
                      int64_t o_head, int num_heads, int num_kv_heads, int head_dim,
                      int block_size, float scale, int num_threads);
+double pc_f32_fma_gflops(int threads, int64_t rounds);
 
 #endif

@@ -8,18 +8,16 @@ made inside ``phase_profile()``.
 The counters are process-wide and are kept by the thread that calls the layers, so profile one
 engine at a time. Outside the block the layers pay one branch per phase.
 
-``bf16_dot_peak()`` is the yardstick for a phase's GFLOP/s: how many the threads reach issuing
-nothing but the bf16 dot-product instruction the GEMMs and the attention are built on.
+The yardstick for a phase's GFLOP/s is ``peak_rates.bf16_dot_peak()``: how many the threads
+reach issuing nothing but the bf16 dot-product instruction the GEMMs and the attention are
+built on.
 """
 
 from __future__ import annotations
 
 import ctypes
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-
-import torch
 
 from prefixcache.kernels.cpu.build import load_library
 
@@ -52,21 +50,3 @@ def phase_profile() -> Iterator[dict[str, float]]:
         lib.pc_profile_enable(0)
         lib.pc_profile_read(counters, 1)
         seconds.update(zip(PHASES, counters, strict=True))
-
-
-def bf16_dot_peak(threads: int | None = None, seconds: float = 0.05, repeats: int = 5) -> float:
-    """GFLOP/s of ``threads`` threads (torch's count by default) issuing only independent
-    ``vdpbf16ps`` on registers: the ceiling of every bf16 kernel here on this machine. The best
-    of ``repeats`` runs of about ``seconds`` each (a shared machine only ever slows a run).
-    RuntimeError when the compiled kernels are unavailable."""
-    lib = load_library()
-    if lib is None:
-        raise RuntimeError("the compiled CPU kernels are unavailable on this machine")
-    team = threads if threads is not None else torch.get_num_threads()
-    if team < 1 or seconds <= 0 or repeats < 1:
-        raise ValueError("threads, seconds and repeats must be positive")
-    probe = 10_000  # rounds: about a millisecond, to size the runs to `seconds`
-    start = time.perf_counter()
-    lib.pc_bf16_dot_gflops(team, probe)
-    rounds = max(probe, int(probe * seconds / max(time.perf_counter() - start, 1e-9)))
-    return max(lib.pc_bf16_dot_gflops(team, rounds) for _ in range(repeats))
