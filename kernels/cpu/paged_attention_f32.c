@@ -95,7 +95,7 @@ INLINE int min_int(int x, int y) { return x < y ? x : y; }
 
 /* Reads the first n key rows of a step and then their value rows, a load per cache line,
  * before the tile computes on them. These are cached keys: pool slots scattered block by
- * block, a third of each slot (one kv head's part), an order the hardware prefetchers follow
+ * block, one kv head's part of each slot, an order the hardware prefetchers follow
  * slowly, so the tile's loads, mixed with its FMAs, waited on memory one line at a time when
  * a layer's pool comes from memory (a warm prefill reads each layer's once); loads issued
  * together overlap their waits. */
