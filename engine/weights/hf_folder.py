@@ -58,13 +58,18 @@ def safetensors_files(folder: Path) -> list[Path]:
 
 
 def _index_shard_names(index_path: Path) -> list[str]:
-    """The sorted shard file names an index's `weight_map` ({tensor: file}) refers to."""
+    """The sorted shard file names an index's `weight_map` ({tensor: file}) refers to; each
+    must be a plain file name in the index's folder (no directories, no `..`)."""
     weight_map = read_json_object(index_path).get("weight_map") or {}
     if not isinstance(weight_map, dict):
         raise ValueError(f"{index_path}: weight_map must be an object, got {weight_map!r:.80}")
     names = set(weight_map.values())
     if not all(isinstance(name, str) and name for name in names):
         raise ValueError(f"{index_path}: weight_map values must be shard file names")
+    outside = sorted(name for name in names if Path(name).name != name or name in (".", ".."))
+    if outside:
+        raise ValueError(f"{index_path}: weight_map names shards outside the model's folder: "
+                         f"{outside[:3]} (a shard is a file name in the folder)")
     return sorted(names)
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 import gguf
 import numpy as np
 import pytest
+import torch
 
 from prefixcache.engine import model_registry
 from prefixcache.engine.model_registry import load_model, resolve_model
@@ -39,6 +40,10 @@ INDEX = "model.safetensors.index.json"
      f"{INDEX}: weight_map must be an object"),
     (lambda f: _write_json(f / INDEX, {"weight_map": {"lm_head.weight": 3}}),
      "weight_map values must be shard file names"),
+    (lambda f: _write_json(f / INDEX, {"weight_map": {"a": "../model.safetensors"}}),
+     r"weight_map names shards outside the model's folder: \['../model.safetensors'\]"),
+    (lambda f: _write_json(f / INDEX, {"weight_map": {"a": str(f / "model.safetensors")}}),
+     "weight_map names shards outside the model's folder"),
     (lambda f: _edit_config(f, rope_parameters=[1]), "config.json: rope_parameters must be an"),
     (lambda f: _write_json(f / "tokenizer_config.json", ["x"]),
      "tokenizer_config.json must hold a JSON object, got list"),
@@ -147,3 +152,20 @@ def test_unreadable_model_files(restore_modes, name, message):
     _deny(restore_modes / name)
     with pytest.raises(ValueError, match=message):
         load_model(restore_modes)
+
+
+def test_a_sharded_checkpoint_loads_the_same_weights(make_hf_folder, tmp_path):
+    """transformers' own sharded save (an index naming several shards) loads to the same
+    parameters as the single-file save."""
+    hf_model, single = make_hf_folder("llama")
+    sharded = tmp_path / "sharded"
+    sharded.mkdir()
+    hf_model.save_pretrained(sharded, safe_serialization=True, max_shard_size="20KB")
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (sharded / name).write_bytes((single / name).read_bytes())
+    shards = json.loads((sharded / INDEX).read_text())["weight_map"].values()
+    assert len(set(shards)) > 1
+    expected = load_model(single, dtype=torch.float32).model.state_dict()
+    loaded = load_model(sharded, dtype=torch.float32).model.state_dict()
+    assert expected.keys() == loaded.keys()
+    assert all(torch.equal(expected[key], loaded[key]) for key in expected)
