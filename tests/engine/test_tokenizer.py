@@ -187,9 +187,10 @@ def test_long_text_encoding_lets_other_threads_run(backend):
     """The backend's single-text encode holds the GIL throughout; a long text must not
     freeze every other thread (a server's event loop) for the seconds it takes.
 
-    With a switch interval longer than the test, a waiting thread gets the GIL only when
-    the encoding thread releases it: the waiter runs during ``encode`` exactly when the
-    encode lets go of the GIL (a short text's encode, which holds it, is the control)."""
+    With a switch interval far longer than the lines that start the encode take, a waiting
+    thread gets the GIL only when the encoding thread releases it: the waiter runs during
+    ``encode`` exactly when the encode lets go of the GIL (a short text's encode, which
+    holds it, is the control)."""
     tokenizer = Tokenizer(backend)
 
     def ran_during_encode(text: str) -> bool:
