@@ -1,7 +1,8 @@
 """OpenAI wire format (the subset this server speaks), as strict pydantic models.
 
 Requests are validated strictly (``"5"`` is not an int) so a wrong type answers 400 instead of
-being coerced; unknown fields are ignored, as OpenAI-compatible servers usually do. Response
+being coerced; unknown fields are ignored, as OpenAI-compatible servers usually do, except the
+OpenAI fields the server does not honour (``unsupported.py``: refused, 400). Response
 models always carry ``usage.prompt_tokens_details.cached_tokens``.
 """
 
@@ -27,8 +28,10 @@ class StreamOptions(StrictRequest):
 
 
 class SamplingFields(StrictRequest):
-    """Fields shared by /v1/completions and /v1/chat/completions."""
+    """Fields shared by /v1/completions and /v1/chat/completions. Fields not declared are
+    kept in ``model_extra``, where the routes refuse those they do not honour (unsupported.py)."""
 
+    model_config = ConfigDict(strict=True, extra="allow")
     model: str | None = None
     max_tokens: int | None = None
     temperature: float = 1.0

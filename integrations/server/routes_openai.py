@@ -29,6 +29,7 @@ from prefixcache.integrations.server.sampling import (
     sampling_params,
 )
 from prefixcache.integrations.server.state import ServerState, State, resolve_salt
+from prefixcache.integrations.server.unsupported import refuse_unsupported
 
 router = APIRouter()
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # the OpenAI default for /v1/completions
@@ -164,6 +165,8 @@ async def _whole(request: Request, prepared: _Prepared) -> list[RequestOutput]:
 async def create_completion(
     body: p.CompletionRequest, request: Request, state: State
 ) -> p.CompletionResponse | StreamingResponse:
+    state.check_model(body.model)
+    refuse_unsupported("completions", body.model_extra)
     items = _prompt_list(body.prompt)
     prompts = [await encode_prompt(state, prompt, "prompt",
                                    f"prompt[{i}]" if len(items) > 1 else None)
@@ -196,6 +199,7 @@ async def create_chat_completion(
     body: p.ChatCompletionRequest, request: Request, state: State
 ) -> p.ChatCompletionResponse | StreamingResponse:
     state.check_model(body.model)
+    refuse_unsupported("chat", body.model_extra)
     prompt_text = render_messages(state, body.messages, body.tools)
     prompts = [await encode_prompt(state, prompt_text, "messages")]
     max_tokens, max_tokens_param = _chat_max_tokens(body)
