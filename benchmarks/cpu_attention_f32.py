@@ -16,8 +16,12 @@ FLOPs: 4 * heads * head_dim * (query, visible key) pairs; "of peak" holds the ke
 GFLOP/s against the threads' float32 FMA peak (``f32_fma_peak``: FMAs alone, on registers;
 the better of a run before and one after).
 
+With ``--against REV`` the kernel as git revision REV has it is timed too, in the same
+rounds, and each case prints the kernel's time over that revision's: how a kernel change
+moves it, side by side.
+
     python benchmarks/cpu_attention_f32.py [--threads 2] [--repeats 9] [--quick] \
-        [--out results/cpu_attention_f32.json]
+        [--against REV] [--out results/cpu_attention_f32.json]
 """
 
 from __future__ import annotations
@@ -36,7 +40,9 @@ from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).parent))
 from bench_report import write_json
+from kernel_revision import f32_library_at, run_with
 
+import prefixcache.kernels.cpu.paged_attention_f32 as attention_module
 from prefixcache.kernels.cpu import (
     f32_attention_available,
     f32_fma_peak,
@@ -104,14 +110,19 @@ def over_layers(cases: list[dict[str, Callable]]) -> dict[str, Callable]:
 
 
 def time_alternately(variants: dict[str, Callable], repeats: int) -> dict[str, float]:
-    """Median seconds of each variant, the variants called in turn per repeat."""
+    """Median seconds of each variant, all called once per repeat: "reference" first, then
+    the others in an order rotated from one repeat to the next, so that of the variants
+    compared with each other (the kernel and the kernel at another revision) each follows
+    the reference, which leaves the caches full of its own data, equally often."""
     for run in variants.values():
         run()
+    others = [name for name in variants if name != "reference"]
     seconds: dict[str, list[float]] = {name: [] for name in variants}
-    for _ in range(repeats):
-        for name, run in variants.items():
+    for repeat in range(repeats):
+        shift = repeat % len(others)
+        for name in ["reference", *others[shift:], *others[:shift]]:
             start = time.perf_counter()
-            run()
+            variants[name]()
             seconds[name].append(time.perf_counter() - start)
     return {name: statistics.median(values) for name, values in seconds.items()}
 
@@ -121,6 +132,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=9)
     parser.add_argument("--quick", action="store_true", help="one repeat (the tests' smoke run)")
+    parser.add_argument("--against", metavar="REV", help="also time the kernel as git "
+                        "revision REV has it (e.g. HEAD~1), side by side")
     parser.add_argument("--out", default="results/cpu_attention_f32.json")
     args = parser.parse_args()
     if not f32_attention_available():
@@ -148,28 +161,40 @@ def main() -> None:
          sum(decode_lengths), LAYERS),
         ("decode, 1 sequence x 1,701", decode_case([1701], generator), 1701, 1),
     ]  # fmt: skip
+    against = f32_library_at(args.against) if args.against else None
     peak_before = f32_fma_peak(args.threads)
     results: list[dict[str, Any]] = []
     for name, variants, pairs, calls in cases:
+        if against is not None:
+            variants["against"] = run_with(attention_module, against, variants["kernel"])
         seconds = {k: t / calls for k, t in time_alternately(variants, args.repeats).items()}
         gflops = 4 * HEADS * HEAD_DIM * pairs / seconds["kernel"] / 1e9
         results.append({"case": name, "kernel_s": seconds["kernel"],
                         "reference_s": seconds["reference"], "kernel_gflops": gflops,
                         "ratio": seconds["kernel"] / seconds["reference"]})  # fmt: skip
+        if against is not None:
+            results[-1].update(against_s=seconds["against"],
+                               vs_against=seconds["kernel"] / seconds["against"])
     peak = max(peak_before, f32_fma_peak(args.threads))  # a busy moment only lowers one
     table = Table(title=f"float32 paged attention, {args.threads} threads (ms, median; FMA "
                         f"peak {peak:.0f} GFLOP/s)")  # fmt: skip
-    for column in ("case", "kernel", "GFLOP/s", "of peak", "reference", "kernel / reference"):
+    columns = ["case", "kernel", "GFLOP/s", "of peak", "reference", "kernel / reference"]
+    if against is not None:
+        columns += [f"at {args.against}", f"kernel / {args.against}"]
+    for column in columns:
         table.add_column(column, justify="left" if column == "case" else "right")
     for row in results:
         row["kernel_of_peak"] = row["kernel_gflops"] / peak
-        table.add_row(row["case"], f"{row['kernel_s'] * 1e3:.2f}", f"{row['kernel_gflops']:.0f}",
-                      f"{row['kernel_of_peak']:.0%}", f"{row['reference_s'] * 1e3:.2f}",
-                      f"{row['ratio']:.2f}x")  # fmt: skip
+        cells = [row["case"], f"{row['kernel_s'] * 1e3:.2f}", f"{row['kernel_gflops']:.0f}",
+                 f"{row['kernel_of_peak']:.0%}", f"{row['reference_s'] * 1e3:.2f}",
+                 f"{row['ratio']:.2f}x"]  # fmt: skip
+        if against is not None:
+            cells += [f"{row['against_s'] * 1e3:.2f}", f"{row['vs_against']:.3f}"]
+        table.add_row(*cells)
     Console().print(table)
     meta = {"threads": args.threads, "repeats": args.repeats, "dtype": "float32", "heads": HEADS,
             "kv_heads": KV_HEADS, "head_dim": HEAD_DIM, "block_size": BLOCK,
-            "fma_peak_gflops": peak}  # fmt: skip
+            "fma_peak_gflops": peak, "against": args.against}  # fmt: skip
     write_json(args.out, {"meta": meta, "cases": results})
 
 

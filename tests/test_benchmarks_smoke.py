@@ -21,9 +21,9 @@ from prefixcache.kernels.cpu import (
 BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
 
 
-def run_quick(script: str, out: Path) -> dict:
+def run_quick(script: str, out: Path, *extra: str) -> dict:
     completed = subprocess.run(
-        [sys.executable, str(BENCHMARKS / script), "--quick", "--out", str(out)],
+        [sys.executable, str(BENCHMARKS / script), "--quick", "--out", str(out), *extra],
         capture_output=True,
         text=True,
         timeout=120,
@@ -123,8 +123,8 @@ def test_stream_text_quick(tmp_path):
 
 @pytest.mark.skipif(not f32_attention_available(), reason="no float32 CPU attention kernel here")
 def test_cpu_attention_f32_quick(tmp_path):
-    result = run_quick("cpu_attention_f32.py", tmp_path / "f32.json")
-    assert result["meta"]["dtype"] == "float32"
+    result = run_quick("cpu_attention_f32.py", tmp_path / "f32.json", "--against", "HEAD")
+    assert result["meta"]["dtype"] == "float32" and result["meta"]["against"] == "HEAD"
     assert [case["case"] for case in result["cases"]] == [
         "cold prefill, 1,637 tokens",
         "64 new over 1,637 cached",
@@ -138,6 +138,8 @@ def test_cpu_attention_f32_quick(tmp_path):
     for case in result["cases"]:
         assert case["kernel_s"] > 0 and case["reference_s"] > 0 and case["kernel_gflops"] > 0
         assert math.isclose(case["kernel_of_peak"], case["kernel_gflops"] / peak)
+        assert case["against_s"] > 0  # the kernel as HEAD has it, timed in the same rounds
+        assert math.isclose(case["vs_against"], case["kernel_s"] / case["against_s"])
 
 
 @pytest.mark.skipif(

@@ -159,7 +159,11 @@ def _compile(spec: LibrarySpec, gcc: str, gomp: Path | None, target: Path) -> No
                 os.remove(path)
 
 
-def _build(spec: LibrarySpec) -> ctypes.CDLL:
+def build_library(spec: LibrarySpec) -> ctypes.CDLL:
+    """Compile ``spec``'s library (or find it in the cache, keyed by its sources, flags and
+    compiler) and load it; RuntimeError when it cannot be built here. The kernels load theirs
+    through ``load_library`` / ``load_f32_library``; this is for tools that build variants,
+    such as a benchmark timing another revision's sources side by side."""
     if platform.system() != "Linux" or platform.machine().lower() not in ("x86_64", "amd64"):
         raise RuntimeError(f"needs x86-64 Linux, not {platform.system()} {platform.machine()}")
     missing = [flag for flag in spec.required_cpu_flags if flag not in cpu_flags()]
@@ -305,7 +309,7 @@ def _load(spec: LibrarySpec) -> ctypes.CDLL | None:
     with _lock:
         if spec.name not in _state:
             try:
-                _state[spec.name] = {"lib": _build(spec)}
+                _state[spec.name] = {"lib": build_library(spec)}
             except Exception as exc:  # unavailable, never fatal
                 _state[spec.name] = {"lib": None, "reason": str(exc)}
                 log.debug("CPU kernels %s unavailable: %s", spec.name, exc)
