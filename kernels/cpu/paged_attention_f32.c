@@ -24,8 +24,9 @@
  * Key j of a sequence is cache token j for j < ncache (found through the block table), else
  * new token (qs + j - ncache) of k/v. Query token t sees keys [0, lim0 + t): prefill
  * lim0 = ncache + 1 (the cached keys and itself), decode lim0 = the sequence's cached length.
- * Work items are row tiles of one (sequence, kv head), or a token's rows over some kv heads,
- * taken dynamically by the threads.
+ * Work items are up to TILES_PER_ITEM row tiles of one (sequence, kv head), which take each
+ * step of keys in turn (its rows found and read once for them all), or a token's rows over
+ * some kv heads; the threads take them dynamically.
  */
 #include <immintrin.h>
 #include <math.h>
@@ -34,10 +35,12 @@
 
 #include "cpu_kernels_f32.h"
 #include "simd_math_avx2.h"
+#include "thread_scratch.h"
 
 #define KB 48      /* keys per online-softmax step: a multiple of 6 and of 12 */
 #define MAX_D 256  /* largest head_dim (a multiple of 8) */
 #define TILE 24    /* rows of the widest tile (RV = 3 ymm) */
+#define TILES_PER_ITEM 4 /* row tiles a work item takes together, at most */
 #define LOG2E 1.44269504088896341f
 
 #define INLINE static inline __attribute__((always_inline))
@@ -55,7 +58,7 @@ typedef struct {
 #define TOKEN_HEADS 4 /* kv heads a token item takes together, at most */
 
 typedef struct {
-    int seq, kh, r0, r1; /* rows [r0, r1) of kv head kh of sequence seq (at most TILE) */
+    int seq, kh, r0, r1; /* rows [r0, r1) of kv head kh of sequence seq */
     int nkh;             /* kv heads [kh, kh + nkh) (a token item; 1 for a row tile) */
 } tile_item;
 
@@ -106,119 +109,178 @@ INLINE void read_pool_rows(const float *const *krow, const float *const *vrow, i
         for (int d = 0; d < D; d += 16) (void)*(const volatile float *)(vrow[j] + d);
 }
 
-/* One row tile: RV ymm of rows (8 * RV lanes), NKQ keys scored at a time, NDV output dims
- * updated at a time (RV * NKQ and RV * NDV accumulators). */
-INLINE void attend_tile(const attention_args *a, const tile_item *it, const int RV,
-                        const int NKQ, const int NDV) {
-    const int D = a->head_dim, group = a->group, lanes = 8 * RV;
-    const seq_info *si = &a->seqs[it->seq];
-    const int n = it->r1 - it->r0;
-    float qt[MAX_D * TILE] __attribute__((aligned(32)));  /* [D][lanes] */
-    float ot[MAX_D * TILE] __attribute__((aligned(32)));  /* [D][lanes] */
-    float sp[KB * TILE] __attribute__((aligned(32)));     /* [KB][lanes]: scores, then P */
+/* A row tile's state across the steps of its item: RV ymm of rows (8 * RV lanes), its
+ * queries and output transposed, its rows' key limits, online-softmax maxima and sums. */
+typedef struct {
     int32_t lim[TILE] __attribute__((aligned(32)));
-    const float *krow[KB], *vrow[KB];
+    __m256 m[3], l[3];
+    float *qt, *ot; /* [D][lanes] each */
+    int r0, n, rv, lim_min, lim_max;
+} row_tile;
 
+/* Rows [r0, r0 + n) of the item's kv head as a tile, qt and ot its [D][TILE] scratch. */
+static void tile_begin(const attention_args *a, const tile_item *it, int r0, int n, float *qt,
+                       float *ot, row_tile *tl) {
+    const int D = a->head_dim, group = a->group;
+    const seq_info *si = &a->seqs[it->seq];
+    const int rv = n > 16 ? 3 : n > 8 ? 2 : 1, lanes = 8 * rv;
     for (int i = 0; i < lanes; i++) { /* lanes past the tile repeat its last row */
-        const int row = it->r0 + (i < n ? i : n - 1), t = row / group;
+        const int row = r0 + (i < n ? i : n - 1), t = row / group;
         const int head = it->kh * group + row % group;
         const float *src = a->q + (si->qs + t) * a->q_tok + head * a->q_head;
         for (int d = 0; d < D; d++) qt[d * lanes + i] = src[d] * a->qscale;
-        lim[i] = si->lim0 + t;
+        tl->lim[i] = si->lim0 + t;
     }
     for (int i = 0; i < D * lanes; i++) ot[i] = 0.0f;
-    const int lim_min = lim[0], lim_max = lim[lanes - 1];
-    __m256 m[3], l[3];
-    __m256i limv[3];
-    for (int rv = 0; rv < RV; rv++) {
-        m[rv] = _mm256_set1_ps(-INFINITY);
-        l[rv] = _mm256_setzero_ps();
-        limv[rv] = _mm256_load_si256((const __m256i *)(lim + 8 * rv));
+    for (int r = 0; r < rv; r++) {
+        tl->m[r] = _mm256_set1_ps(-INFINITY);
+        tl->l[r] = _mm256_setzero_ps();
     }
+    tl->qt = qt, tl->ot = ot, tl->r0 = r0, tl->n = n, tl->rv = rv;
+    tl->lim_min = tl->lim[0], tl->lim_max = tl->lim[lanes - 1];
+}
 
+/* One KB-key step of a tile, keys [kb0, kb0 + KB) (rows step_k / step_v of them, as many
+ * as the item's step holds): the tile takes those below its own last limit, padded with
+ * zero rows to a multiple of NKQ, so its arithmetic does not depend on the other tiles of
+ * its item. NKQ keys are scored at a time, NDV output dims updated at a time (RV * NKQ and
+ * RV * NDV accumulators); sp is [KB][lanes] scratch. */
+INLINE void tile_step(row_tile *tl, const float *const *step_k, const float *const *step_v,
+                      int kb0, int D, float *sp, const int RV, const int NKQ, const int NDV) {
+    const int lanes = 8 * RV;
+    const int nk = tl->lim_max - kb0 < KB ? tl->lim_max - kb0 : KB;
+    const int nkp = (nk + NKQ - 1) / NKQ * NKQ; /* keys scored, padded with zero rows */
+    const float *krow[KB], *vrow[KB];
+    for (int j = 0; j < nk; j++) krow[j] = step_k[j], vrow[j] = step_v[j];
+    for (int j = nk; j < nkp; j++) krow[j] = vrow[j] = zero_row;
+    const float *qt = tl->qt;
+    float *ot = tl->ot;
+    /* S = Qt . K: NKQ keys x RV row vectors at a time */
+    for (int j0 = 0; j0 < nkp; j0 += NKQ) {
+        __m256 acc[12][3];
+        for (int j = 0; j < NKQ; j++)
+            for (int rv = 0; rv < RV; rv++) acc[j][rv] = _mm256_setzero_ps();
+        for (int d = 0; d < D; d++) {
+            __m256 qv[3];
+            for (int rv = 0; rv < RV; rv++) qv[rv] = _mm256_load_ps(qt + d * lanes + 8 * rv);
+            for (int j = 0; j < NKQ; j++) {
+                const __m256 kd = _mm256_broadcast_ss(krow[j0 + j] + d);
+                for (int rv = 0; rv < RV; rv++)
+                    acc[j][rv] = _mm256_fmadd_ps(qv[rv], kd, acc[j][rv]);
+            }
+        }
+        for (int j = 0; j < NKQ; j++)
+            for (int rv = 0; rv < RV; rv++)
+                _mm256_store_ps(sp + (j0 + j) * lanes + 8 * rv, acc[j][rv]);
+    }
+    /* keys past a row's limit (and the padding) score -inf */
+    if (kb0 + nkp > tl->lim_min) {
+        for (int j = 0; j < nkp; j++) {
+            const __m256i key = _mm256_set1_epi32(kb0 + j);
+            for (int rv = 0; rv < RV; rv++) {
+                const __m256i limv = _mm256_load_si256((const __m256i *)(tl->lim + 8 * rv));
+                const __m256 seen = _mm256_castsi256_ps(_mm256_cmpgt_epi32(limv, key));
+                float *s = sp + j * lanes + 8 * rv;
+                _mm256_store_ps(s, _mm256_blendv_ps(_mm256_set1_ps(-INFINITY),
+                                                    _mm256_load_ps(s), seen));
+            }
+        }
+    }
+    /* online softmax, lane-wise; every row sees key 0, so m is finite after block 0 */
+    __m256 alpha[3];
+    for (int rv = 0; rv < RV; rv++) {
+        __m256 bm = _mm256_set1_ps(-INFINITY);
+        for (int j = 0; j < nkp; j++) bm = _mm256_max_ps(bm, _mm256_load_ps(sp + j * lanes + 8 * rv));
+        const __m256 m_new = _mm256_max_ps(tl->m[rv], bm);
+        alpha[rv] = exp2_avx2(_mm256_sub_ps(tl->m[rv], m_new));
+        __m256 sum = _mm256_setzero_ps();
+        for (int j = 0; j < nkp; j++) {
+            float *s = sp + j * lanes + 8 * rv;
+            const __m256 p = exp2_avx2(_mm256_sub_ps(_mm256_load_ps(s), m_new));
+            _mm256_store_ps(s, p);
+            sum = _mm256_add_ps(sum, p);
+        }
+        tl->l[rv] = _mm256_fmadd_ps(tl->l[rv], alpha[rv], sum);
+        tl->m[rv] = m_new;
+    }
+    /* Ot = alpha Ot + P V: NDV dims x RV row vectors at a time */
+    for (int d0 = 0; d0 < D; d0 += NDV) {
+        __m256 acc[8][3];
+        for (int d = 0; d < NDV; d++)
+            for (int rv = 0; rv < RV; rv++)
+                acc[d][rv] = _mm256_mul_ps(_mm256_load_ps(ot + (d0 + d) * lanes + 8 * rv),
+                                           alpha[rv]);
+        for (int j = 0; j < nkp; j++) {
+            __m256 p[3];
+            for (int rv = 0; rv < RV; rv++) p[rv] = _mm256_load_ps(sp + j * lanes + 8 * rv);
+            for (int d = 0; d < NDV; d++) {
+                const __m256 vd = _mm256_broadcast_ss(vrow[j] + d0 + d);
+                for (int rv = 0; rv < RV; rv++)
+                    acc[d][rv] = _mm256_fmadd_ps(p[rv], vd, acc[d][rv]);
+            }
+        }
+        for (int d = 0; d < NDV; d++)
+            for (int rv = 0; rv < RV; rv++)
+                _mm256_store_ps(ot + (d0 + d) * lanes + 8 * rv, acc[d][rv]);
+    }
+}
+
+/* The tile's output rows: Ot / l, transposed back. */
+static void tile_end(const attention_args *a, const tile_item *it, const row_tile *tl) {
+    const int D = a->head_dim, group = a->group, lanes = 8 * tl->rv;
+    const seq_info *si = &a->seqs[it->seq];
+    float inv[TILE] __attribute__((aligned(32)));
+    for (int rv = 0; rv < tl->rv; rv++)
+        _mm256_store_ps(inv + 8 * rv, _mm256_div_ps(_mm256_set1_ps(1.0f), tl->l[rv]));
+    for (int i = 0; i < tl->n; i++) {
+        const int row = tl->r0 + i, t = row / group, head = it->kh * group + row % group;
+        float *dst = a->out + (si->qs + t) * a->o_tok + head * a->o_head;
+        for (int d = 0; d < D; d++) dst[d] = tl->ot[d * lanes + i] * inv[i];
+    }
+}
+
+static __thread void *tls_tiles = NULL; /* the row tiles' qt / ot, kept by each thread */
+static __thread int64_t tls_tiles_bytes = 0;
+
+/* A row item: rows [r0, r1) of one (sequence, kv head), up to TILES_PER_ITEM row tiles of
+ * TILE rows. The tiles take each KB-key step in turn, so the step's key and value rows are
+ * found and read from the pool once for all of them: each tile alone read every cached row
+ * again, from L3 or memory, a third of a warm prefill's attention time. Returns -5 when out
+ * of memory. */
+static int attend_rows(const attention_args *a, const tile_item *it) {
+    const int D = a->head_dim, rows = it->r1 - it->r0, ntiles = (rows + TILE - 1) / TILE;
+    const seq_info *si = &a->seqs[it->seq];
+    float *scratch = grow_buffer(&tls_tiles, &tls_tiles_bytes,
+                                 (int64_t)ntiles * 2 * D * TILE * (int64_t)sizeof(float));
+    if (!scratch) return -5;
+    if (ntiles < 1) return 0;
+    row_tile tiles[TILES_PER_ITEM];
+    for (int t = 0; t < ntiles; t++) {
+        const int r0 = it->r0 + t * TILE;
+        tile_begin(a, it, r0, it->r1 - r0 < TILE ? it->r1 - r0 : TILE,
+                   scratch + (int64_t)2 * t * D * TILE, scratch + (int64_t)(2 * t + 1) * D * TILE,
+                   &tiles[t]);
+    }
+    float sp[KB * TILE] __attribute__((aligned(32))); /* [KB][lanes]: scores, then P */
+    const float *krow[KB], *vrow[KB];
+    const int lim_max = tiles[ntiles - 1].lim_max; /* later rows are later tokens */
     for (int kb0 = 0; kb0 < lim_max; kb0 += KB) {
         const int nk = lim_max - kb0 < KB ? lim_max - kb0 : KB;
-        const int nkp = (nk + NKQ - 1) / NKQ * NKQ; /* keys scored, padded with zero rows */
         key_rows(a, it->seq, it->kh, kb0, nk, krow, vrow);
         read_pool_rows(krow, vrow, kb0 < si->ncache ? min_int(nk, si->ncache - kb0) : 0, D);
-        for (int j = nk; j < nkp; j++) krow[j] = vrow[j] = zero_row;
-        /* S = Qt . K: NKQ keys x RV row vectors at a time */
-        for (int j0 = 0; j0 < nkp; j0 += NKQ) {
-            __m256 acc[12][3];
-            for (int j = 0; j < NKQ; j++)
-                for (int rv = 0; rv < RV; rv++) acc[j][rv] = _mm256_setzero_ps();
-            for (int d = 0; d < D; d++) {
-                __m256 qv[3];
-                for (int rv = 0; rv < RV; rv++) qv[rv] = _mm256_load_ps(qt + d * lanes + 8 * rv);
-                for (int j = 0; j < NKQ; j++) {
-                    const __m256 kd = _mm256_broadcast_ss(krow[j0 + j] + d);
-                    for (int rv = 0; rv < RV; rv++)
-                        acc[j][rv] = _mm256_fmadd_ps(qv[rv], kd, acc[j][rv]);
-                }
-            }
-            for (int j = 0; j < NKQ; j++)
-                for (int rv = 0; rv < RV; rv++)
-                    _mm256_store_ps(sp + (j0 + j) * lanes + 8 * rv, acc[j][rv]);
-        }
-        /* keys past a row's limit (and the padding) score -inf */
-        if (kb0 + nkp > lim_min) {
-            for (int j = 0; j < nkp; j++) {
-                const __m256i key = _mm256_set1_epi32(kb0 + j);
-                for (int rv = 0; rv < RV; rv++) {
-                    const __m256 seen = _mm256_castsi256_ps(_mm256_cmpgt_epi32(limv[rv], key));
-                    float *s = sp + j * lanes + 8 * rv;
-                    _mm256_store_ps(s, _mm256_blendv_ps(_mm256_set1_ps(-INFINITY),
-                                                        _mm256_load_ps(s), seen));
-                }
-            }
-        }
-        /* online softmax, lane-wise; every row sees key 0, so m is finite after block 0 */
-        __m256 alpha[3];
-        for (int rv = 0; rv < RV; rv++) {
-            __m256 bm = _mm256_set1_ps(-INFINITY);
-            for (int j = 0; j < nkp; j++) bm = _mm256_max_ps(bm, _mm256_load_ps(sp + j * lanes + 8 * rv));
-            const __m256 m_new = _mm256_max_ps(m[rv], bm);
-            alpha[rv] = exp2_avx2(_mm256_sub_ps(m[rv], m_new));
-            __m256 sum = _mm256_setzero_ps();
-            for (int j = 0; j < nkp; j++) {
-                float *s = sp + j * lanes + 8 * rv;
-                const __m256 p = exp2_avx2(_mm256_sub_ps(_mm256_load_ps(s), m_new));
-                _mm256_store_ps(s, p);
-                sum = _mm256_add_ps(sum, p);
-            }
-            l[rv] = _mm256_fmadd_ps(l[rv], alpha[rv], sum);
-            m[rv] = m_new;
-        }
-        /* Ot = alpha Ot + P V: NDV dims x RV row vectors at a time */
-        for (int d0 = 0; d0 < D; d0 += NDV) {
-            __m256 acc[8][3];
-            for (int d = 0; d < NDV; d++)
-                for (int rv = 0; rv < RV; rv++)
-                    acc[d][rv] = _mm256_mul_ps(_mm256_load_ps(ot + (d0 + d) * lanes + 8 * rv),
-                                               alpha[rv]);
-            for (int j = 0; j < nkp; j++) {
-                __m256 p[3];
-                for (int rv = 0; rv < RV; rv++) p[rv] = _mm256_load_ps(sp + j * lanes + 8 * rv);
-                for (int d = 0; d < NDV; d++) {
-                    const __m256 vd = _mm256_broadcast_ss(vrow[j] + d0 + d);
-                    for (int rv = 0; rv < RV; rv++)
-                        acc[d][rv] = _mm256_fmadd_ps(p[rv], vd, acc[d][rv]);
-                }
-            }
-            for (int d = 0; d < NDV; d++)
-                for (int rv = 0; rv < RV; rv++)
-                    _mm256_store_ps(ot + (d0 + d) * lanes + 8 * rv, acc[d][rv]);
+        for (int t = 0; t < ntiles; t++) {
+            row_tile *tl = &tiles[t];
+            if (kb0 >= tl->lim_max) continue;
+            if (tl->rv == 3)
+                tile_step(tl, krow, vrow, kb0, D, sp, 3, 4, 4);
+            else if (tl->rv == 2)
+                tile_step(tl, krow, vrow, kb0, D, sp, 2, 6, 4);
+            else
+                tile_step(tl, krow, vrow, kb0, D, sp, 1, 12, 8);
         }
     }
-
-    float inv[TILE] __attribute__((aligned(32)));
-    for (int rv = 0; rv < RV; rv++)
-        _mm256_store_ps(inv + 8 * rv, _mm256_div_ps(_mm256_set1_ps(1.0f), l[rv]));
-    for (int i = 0; i < n; i++) {
-        const int row = it->r0 + i, t = row / group, head = it->kh * group + row % group;
-        float *dst = a->out + (si->qs + t) * a->o_tok + head * a->o_head;
-        for (int d = 0; d < D; d++) dst[d] = ot[d * lanes + i] * inv[i];
-    }
+    for (int t = 0; t < ntiles; t++) tile_end(a, it, &tiles[t]);
+    return 0;
 }
 
 /* 8 vectors of 8 floats transposed in place: r[d] lane j <- r[j] lane d. */
@@ -442,18 +504,23 @@ static int token_items(const seq_info *si, int group, int head_dim) {
     return si->nq == 1 && group <= 8 && head_dim % 64 == 0;
 }
 
+/* The row items of the sequences that do not run as token items, at `tiles` row tiles an
+ * item. */
+static int64_t row_item_count(const seq_info *seqs, int num_seqs, int group, int head_dim,
+                              int num_kv_heads, int tiles) {
+    int64_t count = 0;
+    for (int s = 0; s < num_seqs; s++)
+        if (seqs[s].nq > 0 && !token_items(&seqs[s], group, head_dim))
+            count += num_kv_heads * (((int64_t)seqs[s].nq * group + tiles * TILE - 1) /
+                                     (tiles * TILE));
+    return count;
+}
+
 /* Returns 0, or -5 when out of memory. */
 static int run_item(const attention_args *a, const tile_item *it) {
-    const int n = it->r1 - it->r0;
     if (token_items(&a->seqs[it->seq], a->group, a->head_dim))
         return attend_token_heads(a, it);
-    if (n > 16)
-        attend_tile(a, it, 3, 4, 4);
-    else if (n > 8)
-        attend_tile(a, it, 2, 6, 4);
-    else
-        attend_tile(a, it, 1, 12, 8);
-    return 0;
+    return attend_rows(a, it);
 }
 
 /*
@@ -525,6 +592,17 @@ int pa_f32_attention(const float *q, int64_t q_tok, int64_t q_head, const float 
         free(items);
         return status;
     }
+    /* Row tiles a row item takes together: up to TILES_PER_ITEM while the items stay at least
+     * 3 a thread, for the dynamic schedule to end evenly. */
+    const int64_t token_item_count =
+        token_seqs * ((num_kv_heads + heads_per_token_item - 1) / heads_per_token_item);
+    int tiles_per_item = TILES_PER_ITEM;
+    while (tiles_per_item > 1 && token_item_count + row_item_count(seqs, num_seqs, group,
+                                                                   head_dim, num_kv_heads,
+                                                                   tiles_per_item) <
+                                     3 * (int64_t)num_threads)
+        tiles_per_item /= 2;
+    const int item_rows = tiles_per_item * TILE;
     int64_t next = 0;
     for (int s = 0; s < num_seqs; s++) {
         const int rows = seqs[s].nq * group;
@@ -537,8 +615,9 @@ int pa_f32_attention(const float *q, int64_t q_tok, int64_t q_head, const float 
             continue;
         }
         for (int kh = 0; kh < num_kv_heads; kh++)
-            for (int r0 = 0; r0 < rows; r0 += TILE)
-                items[next++] = (tile_item){s, kh, r0, r0 + TILE < rows ? r0 + TILE : rows, 1};
+            for (int r0 = 0; r0 < rows; r0 += item_rows)
+                items[next++] =
+                    (tile_item){s, kh, r0, r0 + item_rows < rows ? r0 + item_rows : rows, 1};
     }
     const attention_args args = {
         q, k, v, k_cache, v_cache, q_tok, q_head, k_tok, k_head, v_tok, v_head, o_tok, o_head,

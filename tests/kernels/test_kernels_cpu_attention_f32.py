@@ -197,6 +197,36 @@ def test_chunked_cached_and_decoded_tokens_are_bitwise_equal(threads: int) -> No
     assert torch.equal(decoded, whole[-1:])
 
 
+def test_a_sequence_is_bitwise_the_same_alone_in_a_batch_and_on_any_threads() -> None:
+    """Row tiles share each step's reads of keys and values within a work item, and how many an
+    item takes depends on the thread count and on the batch (1 thread: 4 a item here, 4
+    threads: 2, 8 threads: 1); a tile's arithmetic must not. 64 new tokens over 150 cached,
+    9 heads over 3 kv heads (192 rows a kv head: 8 tiles), alone and after another sequence."""
+    heads, kv_heads, head_dim, block_size = 9, 3, 64, 16
+    q, k, v, starts = varlen_queries([40, 64], heads, kv_heads, head_dim)
+    pool = make_pool([300, 150], kv_heads, head_dim, block_size)
+    scale = head_dim**-0.5
+    previous = torch.get_num_threads()
+    results = []
+    try:
+        for threads in (1, 4, 8):
+            torch.set_num_threads(threads)
+            batch = paged_prefill_attention_f32(
+                q, k, v, pool.k_cache, pool.v_cache, pool.block_tables, starts,
+                torch.tensor([300, 150], dtype=torch.int32), scale,
+            )  # fmt: skip
+            alone = paged_prefill_attention_f32(
+                q[40:], k[40:], v[40:], pool.k_cache, pool.v_cache, pool.block_tables[1:],
+                torch.tensor([0, 64], dtype=torch.int32), torch.tensor([150], dtype=torch.int32),
+                scale,
+            )  # fmt: skip
+            results += [batch[40:], alone]
+    finally:
+        torch.set_num_threads(previous)
+    for result in results[1:]:
+        assert torch.equal(result, results[0])
+
+
 @pytest.mark.parametrize("head_dim", [64, 128])
 @pytest.mark.parametrize("group", [1, 2, 3, 4, 5, 7, 8])
 @pytest.mark.parametrize("kv_heads", [2, 6])
