@@ -110,3 +110,24 @@ class MethodTimer:
         """Restore the instance's own methods."""
         for name in self._names:
             delattr(self._target, name)
+
+
+def reference_first_medians(
+    variants: dict[str, Callable[[], Any]], repeats: int
+) -> dict[str, float]:
+    """Median seconds of each variant after one untimed call of each, all called once per
+    repeat: "reference" first, then the others in an order rotated from one repeat to the
+    next, so that of the variants compared with each other (a kernel and the kernel at
+    another revision) each follows the reference, which leaves the caches full of its own
+    data, equally often."""
+    for run in variants.values():
+        run()
+    others = [name for name in variants if name != "reference"]
+    seconds: dict[str, list[float]] = {name: [] for name in variants}
+    for repeat in range(repeats):
+        shift = repeat % len(others)
+        for name in ["reference", *others[shift:], *others[:shift]]:
+            start = time.perf_counter()
+            variants[name]()
+            seconds[name].append(time.perf_counter() - start)
+    return {name: statistics.median(values) for name, values in seconds.items()}

@@ -27,9 +27,7 @@ moves it, side by side.
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -40,6 +38,7 @@ from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).parent))
 from bench_report import write_json
+from bench_timing import reference_first_medians
 from kernel_revision import f32_library_at, run_with
 
 import prefixcache.kernels.cpu.paged_attention_f32 as attention_module
@@ -109,24 +108,6 @@ def over_layers(cases: list[dict[str, Callable]]) -> dict[str, Callable]:
     return {"kernel": in_turn("kernel"), "reference": in_turn("reference")}
 
 
-def time_alternately(variants: dict[str, Callable], repeats: int) -> dict[str, float]:
-    """Median seconds of each variant, all called once per repeat: "reference" first, then
-    the others in an order rotated from one repeat to the next, so that of the variants
-    compared with each other (the kernel and the kernel at another revision) each follows
-    the reference, which leaves the caches full of its own data, equally often."""
-    for run in variants.values():
-        run()
-    others = [name for name in variants if name != "reference"]
-    seconds: dict[str, list[float]] = {name: [] for name in variants}
-    for repeat in range(repeats):
-        shift = repeat % len(others)
-        for name in ["reference", *others[shift:], *others[:shift]]:
-            start = time.perf_counter()
-            variants[name]()
-            seconds[name].append(time.perf_counter() - start)
-    return {name: statistics.median(values) for name, values in seconds.items()}
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=2)
@@ -167,7 +148,7 @@ def main() -> None:
     for name, variants, pairs, calls in cases:
         if against is not None:
             variants["against"] = run_with(attention_module, against, variants["kernel"])
-        seconds = {k: t / calls for k, t in time_alternately(variants, args.repeats).items()}
+        seconds = {k: t / calls for k, t in reference_first_medians(variants, args.repeats).items()}
         gflops = 4 * HEADS * HEAD_DIM * pairs / seconds["kernel"] / 1e9
         results.append({"case": name, "kernel_s": seconds["kernel"],
                         "reference_s": seconds["reference"], "kernel_gflops": gflops,

@@ -9,16 +9,18 @@ finds its weight out of cache; the two kernels alternate per repeat, medians rep
 peak" holds the compiled GEMM's GFLOP/s against the threads' float32 FMA peak
 (``f32_fma_peak``: FMAs alone, on registers; the better of a run before and one after).
 
+With ``--against REV`` the GEMM as git revision REV has it is timed too, in the same rounds
+(see ``kernel_revision.py``), and each row count prints the GEMM's time over that revision's.
+
     python benchmarks/cpu_linear_f32.py [--threads 2] [--repeats 5] [--quick] \
-        [--out results/cpu_linear_f32.json]
+        [--against REV] [--out results/cpu_linear_f32.json]
 """
 
 from __future__ import annotations
 
 import argparse
-import statistics
+import importlib
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -27,6 +29,8 @@ from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).parent))
 from bench_report import write_json
+from bench_timing import reference_first_medians
+from kernel_revision import f32_library_at, run_with
 
 from prefixcache.kernels.cpu import (
     f32_fma_peak,
@@ -35,6 +39,8 @@ from prefixcache.kernels.cpu import (
     pack_f32_weight,
 )
 
+# the GEMM's module (the package's own ``linear_f32`` attribute is the function of that name)
+linear_module = importlib.import_module("prefixcache.kernels.cpu.linear_f32")
 SHAPES = ((576, 960), (576, 576), (576, 3072), (1536, 576))  # (in, out) of a layer's GEMMs
 
 
@@ -44,6 +50,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--layers", type=int, default=30)
     parser.add_argument("--quick", action="store_true", help="2 layers, 1 repeat (smoke run)")
+    parser.add_argument("--against", metavar="REV", help="also time the GEMM as git revision "
+                        "REV has it (e.g. HEAD~1), side by side")
     parser.add_argument("--out", default="results/cpu_linear_f32.json")
     args = parser.parse_args()
     if not f32_linear_supports(torch.zeros(2, 2)):
@@ -69,37 +77,44 @@ def main() -> None:
             for packed, (k, _) in zip(layer, SHAPES, strict=True):
                 torch.ops.mkldnn._linear_pointwise(x[k], packed, None, "none", [], "")
 
+    against = f32_library_at(args.against) if args.against else None
     peak_before = f32_fma_peak(args.threads)
     results = []
     for rows in (1, 32, 64, 1637):
         x = {k: torch.randn((rows, k), generator=generator) for k in {k for k, _ in SHAPES}}
-        seconds: dict[str, list[float]] = {"compiled": [], "onednn": []}
-        forward_ours(x), forward_onednn(x)  # warm-up
-        for _ in range(args.repeats):
-            for name, run in (("compiled", forward_ours), ("onednn", forward_onednn)):
-                start = time.perf_counter()
-                run(x)
-                seconds[name].append(time.perf_counter() - start)
-        ours_s, onednn_s = (statistics.median(seconds[name]) for name in ("compiled", "onednn"))
+        variants = {"reference": lambda x=x: forward_onednn(x),
+                    "compiled": lambda x=x: forward_ours(x)}  # fmt: skip
+        if against is not None:
+            variants["against"] = run_with(linear_module, against, variants["compiled"])
+        seconds = reference_first_medians(variants, args.repeats)
+        ours_s, onednn_s = seconds["compiled"], seconds["reference"]
         results.append({"rows": rows, "compiled_s": ours_s, "onednn_s": onednn_s,
                         "ratio": ours_s / onednn_s,
                         "compiled_gflops": flops_per_row * rows / ours_s / 1e9,
                         "onednn_gflops": flops_per_row * rows / onednn_s / 1e9})  # fmt: skip
+        if against is not None:
+            results[-1].update(against_s=seconds["against"],
+                               vs_against=ours_s / seconds["against"])
     peak = max(peak_before, f32_fma_peak(args.threads))  # a busy moment only lowers one
     table = Table(title=f"float32 projections of {args.layers} layers, {args.threads} threads "
                         f"(FMA peak {peak:.0f} GFLOP/s)")  # fmt: skip
-    for column in ("rows", "compiled ms", "GFLOP/s", "of peak", "oneDNN ms", "GFLOP/s ",
-                   "ratio"):  # fmt: skip
+    columns = ["rows", "compiled ms", "GFLOP/s", "of peak", "oneDNN ms", "GFLOP/s ", "ratio"]
+    if against is not None:
+        columns += [f"at {args.against} ms", f"compiled / {args.against}"]
+    for column in columns:
         table.add_column(column, justify="right")
     for row in results:
         row["compiled_of_peak"] = row["compiled_gflops"] / peak
-        table.add_row(str(row["rows"]), f"{row['compiled_s'] * 1e3:.2f}",
-                      f"{row['compiled_gflops']:.1f}", f"{row['compiled_of_peak']:.0%}",
-                      f"{row['onednn_s'] * 1e3:.2f}", f"{row['onednn_gflops']:.1f}",
-                      f"{row['ratio']:.2f}x")  # fmt: skip
+        cells = [str(row["rows"]), f"{row['compiled_s'] * 1e3:.2f}",
+                 f"{row['compiled_gflops']:.1f}", f"{row['compiled_of_peak']:.0%}",
+                 f"{row['onednn_s'] * 1e3:.2f}", f"{row['onednn_gflops']:.1f}",
+                 f"{row['ratio']:.2f}x"]  # fmt: skip
+        if against is not None:
+            cells += [f"{row['against_s'] * 1e3:.2f}", f"{row['vs_against']:.3f}"]
+        table.add_row(*cells)
     Console().print(table)
     meta = {"threads": args.threads, "repeats": args.repeats, "layers": args.layers,
-            "fma_peak_gflops": peak}  # fmt: skip
+            "fma_peak_gflops": peak, "against": args.against}  # fmt: skip
     write_json(args.out, {"meta": meta, "rows": results})
 
 

@@ -146,10 +146,11 @@ def test_cpu_attention_f32_quick(tmp_path):
     not f32_linear_supports(torch.zeros(2, 2)), reason="no float32 CPU GEMM here"
 )
 def test_cpu_linear_f32_quick(tmp_path):
-    result = run_quick("cpu_linear_f32.py", tmp_path / "linear_f32.json")
+    result = run_quick("cpu_linear_f32.py", tmp_path / "linear_f32.json", "--against", "HEAD")
     assert result["meta"]["layers"] == 2
     assert [row["rows"] for row in result["rows"]] == [1, 32, 64, 1637]
     assert all(row["compiled_s"] > 0 and row["onednn_s"] > 0 for row in result["rows"])
     peak = result["meta"]["fma_peak_gflops"]
     for row in result["rows"]:
         assert math.isclose(row["compiled_of_peak"], row["compiled_gflops"] / peak)
+        assert math.isclose(row["vs_against"], row["compiled_s"] / row["against_s"])
