@@ -40,6 +40,8 @@ class SamplingFields(StrictRequest):
     n: int = 1
     seed: int | None = None
     stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None  # as vLLM's server takes them
+    include_stop_str_in_output: bool = False
     stream: bool = False
     stream_options: StreamOptions | None = None
     ignore_eos: bool = False

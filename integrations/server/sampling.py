@@ -146,7 +146,8 @@ def sampling_params(
         return SamplingParams(
             max_tokens=max_tokens, temperature=request.temperature, top_p=request.top_p,
             top_k=request.top_k, seed=request.seed, n=request.n, stop=stop,
-            ignore_eos=request.ignore_eos,
+            stop_token_ids=request.stop_token_ids or [], ignore_eos=request.ignore_eos,
+            include_stop_str_in_output=request.include_stop_str_in_output,
         )
     except (TypeError, ValueError) as error:
         param = _param_named_in(str(error))
@@ -167,7 +168,9 @@ def check_fits(state: ServerState, token_ids: list[int], params: SamplingParams,
 
 
 def _param_named_in(message: str) -> str | None:
-    for name in ("temperature", "top_p", "top_k", "seed", "stop", "max_tokens", "n"):
+    # "stop_token_ids" before "stop": its messages start with both
+    for name in ("stop_token_ids", "temperature", "max_tokens", "top_p", "top_k", "seed",
+                 "stop", "n"):
         if message.startswith(name):
             return name
     return None

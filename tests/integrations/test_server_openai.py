@@ -70,6 +70,30 @@ def test_stop_string_ends_the_completion(client, server) -> None:
     assert stopped.choices[0].text == text[: text.index(stop, 1)]
 
 
+def test_stop_token_ids_and_keeping_the_stop_string(client, server, engine) -> None:
+    """vLLM's extra fields: ``stop_token_ids`` ends a completion on any of those ids (here
+    every id, so on the first token); ``include_stop_str_in_output`` keeps the stop string."""
+    every_id = list(range(engine.llm.config.vocab_size))
+    kwargs = dict(model=SERVED_NAME, prompt=PROMPT, max_tokens=6, temperature=0)
+    first = client.completions.create(**kwargs, extra_body={"stop_token_ids": every_id})
+    assert first.choices[0].finish_reason == "stop" and first.usage.completion_tokens == 1
+    unstopped = client.completions.create(**kwargs, extra_body={"stop_token_ids": []})
+    assert unstopped.choices[0].finish_reason == "length"
+    assert unstopped.usage.completion_tokens == 6
+    text = unstopped.choices[0].text
+    stop = next((ch for ch in text[1:] if ch.strip()), None)
+    if stop is None:
+        pytest.skip("the random model produced no printable text here")
+    kept = client.completions.create(**kwargs, stop=[stop],
+                                     extra_body={"include_stop_str_in_output": True})
+    assert kept.choices[0].finish_reason == "stop"
+    assert kept.choices[0].text == text[: text.index(stop, 1) + len(stop)]
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.completions.create(**kwargs, extra_body={"stop_token_ids": [-1]})
+    assert refused.value.param == "stop_token_ids"
+    assert_server_clean(server.base_url)
+
+
 def test_streamed_completion_matches_whole_one(client, server) -> None:
     kwargs = dict(model=SERVED_NAME, prompt=PROMPT, max_tokens=8, temperature=1.0, seed=11)
     whole = client.completions.create(**kwargs)
