@@ -244,16 +244,15 @@ static __thread int64_t tls_tiles_bytes = 0;
 
 /* A row item: rows [r0, r1) of one (sequence, kv head), up to TILES_PER_ITEM row tiles of
  * TILE rows. The tiles take each KB-key step in turn, so the step's key and value rows are
- * found and read from the pool once for all of them: each tile alone read every cached row
- * again, from L3 or memory, a third of a warm prefill's attention time. Returns -5 when out
- * of memory. */
+ * found and read from the pool once for all of them, where a tile alone read every cached
+ * row again, from L3 or memory, for each 24 rows. Returns -5 when out of memory. */
 static int attend_rows(const attention_args *a, const tile_item *it) {
     const int D = a->head_dim, rows = it->r1 - it->r0, ntiles = (rows + TILE - 1) / TILE;
     const seq_info *si = &a->seqs[it->seq];
+    if (ntiles < 1) return 0;
     float *scratch = grow_buffer(&tls_tiles, &tls_tiles_bytes,
                                  (int64_t)ntiles * 2 * D * TILE * (int64_t)sizeof(float));
     if (!scratch) return -5;
-    if (ntiles < 1) return 0;
     row_tile tiles[TILES_PER_ITEM];
     for (int t = 0; t < ntiles; t++) {
         const int r0 = it->r0 + t * TILE;
