@@ -32,17 +32,18 @@ def f32_library_at(revision: str) -> ctypes.CDLL:
     here = Path(F32_LIBRARY.sources[0]).parent
     root = Path(_git(here, "rev-parse", "--show-toplevel").decode().strip())
     commit = _git(root, "rev-parse", "--verify", f"{revision}^{{commit}}").decode().strip()
-    folder = Path(tempfile.mkdtemp(prefix="prefixcache-kernels-at-"))
-    for path in (*F32_LIBRARY.sources, *F32_LIBRARY.headers):
-        relative = Path(path).resolve().relative_to(root).as_posix()
-        (folder / Path(path).name).write_bytes(_git(root, "show", f"{commit}:{relative}"))
-    spec = dataclasses.replace(
-        F32_LIBRARY,
-        name=f"{F32_LIBRARY.name}-at-{commit[:12]}",
-        sources=tuple(folder / Path(p).name for p in F32_LIBRARY.sources),
-        headers=tuple(folder / Path(p).name for p in F32_LIBRARY.headers),
-    )
-    return build_library(spec)
+    with tempfile.TemporaryDirectory(prefix="prefixcache-kernels-at-") as name:
+        folder = Path(name)  # the sources, for the compile only (the library goes to the cache)
+        for path in (*F32_LIBRARY.sources, *F32_LIBRARY.headers):
+            relative = Path(path).resolve().relative_to(root).as_posix()
+            (folder / Path(path).name).write_bytes(_git(root, "show", f"{commit}:{relative}"))
+        spec = dataclasses.replace(
+            F32_LIBRARY,
+            name=f"{F32_LIBRARY.name}-at-{commit[:12]}",
+            sources=tuple(folder / Path(p).name for p in F32_LIBRARY.sources),
+            headers=tuple(folder / Path(p).name for p in F32_LIBRARY.headers),
+        )
+        return build_library(spec)
 
 
 @contextmanager
