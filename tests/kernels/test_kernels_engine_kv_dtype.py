@@ -116,8 +116,12 @@ def test_compiled_cpu_kernel_reads_quantized_pools_like_the_reference(
 ) -> None:
     """bf16, head_dim 64: attention over a quantized pool runs the compiled CPU kernel (prefill
     over cached blocks, and decode-style attention for the sampled rows of the last layer);
-    each prompt's logits match the reference backend's to bf16 rounding. Measured: at most
-    2.4% of the largest logit (a bf16 pool differs by up to 1.4% between the two paths)."""
+    each prompt's logits match the reference backend's to bf16 rounding: within 3% of the
+    largest logit, or within half of the reference bf16 path's own distance from the float32
+    model on the same pool dtype, whichever is larger. Measured on an AVX-512 BF16 Zen 4:
+    compiled / reference up to 3.1% (fp8), 2.1% (int8), 1.6% (bf16 pool), while the reference
+    bf16 path sits 6.0-8.7% (fp8) and 3.0-6.4% (int8) from float32; a misread pool (a wrong
+    scale, a wrong block) moves logits by tens of percent."""
     if not cpu_kernels().cpu_attention_available():
         pytest.skip("the compiled CPU kernel is unavailable on this machine")
     folder = make_tiny_model_dir(tmp_path_factory.mktemp("tiny-hd64-kv"), "llama", **HEAD_DIM_64)
@@ -134,6 +138,9 @@ def test_compiled_cpu_kernel_reads_quantized_pools_like_the_reference(
     compiled = prompt_logits(LLM(str(folder), **kwargs))
     with kernel_backend("reference"):
         reference = prompt_logits(LLM(str(folder), **kwargs))
+        exact = prompt_logits(LLM(str(folder), **{**kwargs, "dtype": "float32"}))
     assert {"paged_prefill_attention_cpu", "paged_decode_attention_cpu"} <= set(calls)
-    for got, expected in zip(compiled, reference, strict=True):
-        assert (got - expected).abs().max() <= 0.03 * expected.abs().max()
+    for got, expected, truth in zip(compiled, reference, exact, strict=True):
+        bf16_error = (expected - truth).abs().max()
+        tolerance = max(0.03 * expected.abs().max(), 0.5 * bf16_error)
+        assert (got - expected).abs().max() <= tolerance
