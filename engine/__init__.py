@@ -1,6 +1,12 @@
 """The paged decode engine on the prefix cache: ``LLM`` (synchronous) and ``AsyncLLM``."""
 
-from prefixcache.engine.async_llm import AsyncLLM, EngineDeadError, EngineRequestError
+from prefixcache.engine.async_llm import (
+    AsyncLLM,
+    EngineDeadError,
+    EngineRequestError,
+    RequestAbortedError,
+    RequestInternalError,
+)
 from prefixcache.engine.llm import LLM
 from prefixcache.engine.outputs import CompletionOutput, RequestOutput
 from prefixcache.engine.sampling_params import SamplingParams
@@ -11,6 +17,8 @@ __all__ = [
     "CompletionOutput",
     "EngineDeadError",
     "EngineRequestError",
+    "RequestAbortedError",
+    "RequestInternalError",
     "RequestOutput",
     "SamplingParams",
 ]

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import logging
 import queue
 import threading
 import time
@@ -26,12 +27,24 @@ from concurrent.futures import Future
 from typing import Any
 
 from prefixcache.engine.llm import LLM
-from prefixcache.engine.outputs import RequestOutput
+from prefixcache.engine.outputs import INTERNAL_ERROR, RequestOutput
 from prefixcache.engine.sampling_params import SamplingParams
+
+logger = logging.getLogger(__name__)
 
 
 class EngineRequestError(RuntimeError):
     """A request the engine accepted could not complete (e.g. the KV pool cannot hold it)."""
+
+
+class RequestInternalError(EngineRequestError):
+    """A step raised on this request (logged with its traceback); it failed alone, its blocks
+    were released, and the engine goes on serving the others."""
+
+
+class RequestAbortedError(EngineRequestError):
+    """The request was aborted by ``AsyncLLM.abort_all`` (a server shutting down), not by its
+    caller; its blocks were released."""
 
 
 class EngineDeadError(RuntimeError):
@@ -114,6 +127,8 @@ class AsyncLLM:
                 if isinstance(item, BaseException):
                     raise item
                 if item.error is not None:
+                    if item.error_kind == INTERNAL_ERROR:
+                        raise RequestInternalError(item.error)
                     raise EngineRequestError(item.error)
                 finished = item.finished
                 item.request_id = request_id  # a fresh snapshot, this stream's alone
@@ -133,6 +148,19 @@ class AsyncLLM:
             engine_id = self._engine_ids.get(request_id)
         if engine_id is not None:
             self._commands.put(("abort", engine_id))
+
+    async def abort_all(self, reason: str) -> int:
+        """Abort every request in flight, freeing its blocks; each one's stream raises
+        ``RequestAbortedError(reason)``. Returns how many were aborted."""
+        return await self.call(lambda llm: self._abort_all_now(reason))
+
+    def _abort_all_now(self, reason: str) -> int:  # on the worker thread
+        engine = self.llm.engine
+        aborted = list(engine.groups)
+        for engine_id in aborted:
+            engine.abort(engine_id)
+            self._deliver(engine_id, RequestAbortedError(reason))
+        return len(aborted)
 
     def stats(self) -> dict[str, Any]:
         """A snapshot of cache and engine counters (read without stopping the worker)."""
@@ -205,6 +233,8 @@ class AsyncLLM:
                 for output in engine.step():
                     self._deliver(output.request_id, output)
         except BaseException as error:  # the worker must report, whatever happened
+            if not isinstance(error, EngineDeadError):
+                logger.critical("the engine worker stopped", exc_info=error)
             self._dead = (
                 error
                 if isinstance(error, EngineDeadError)

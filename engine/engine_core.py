@@ -1,52 +1,42 @@
 """The step loop: requests in, scheduler -> runner -> sampler -> stop checks, outputs out.
 
 Single-threaded by design: ``LLM`` drives it synchronously, ``AsyncLLM`` from one worker.
+
+No request can stop the engine: a step that raises is contained. A failure while sampling
+or checking one request's token fails that request alone. A forward that raises fails its
+request if the step held only one; otherwise every request of the step is requeued to run
+its next step alone (``Scheduler.isolate``), so the one that makes a forward raise fails on
+its own and the others go on. A failed request ends with ``error_kind`` ``INTERNAL_ERROR``,
+its blocks released (none of what the failed step wrote is cached); the failure is logged
+with its traceback and counted (``num_request_errors``, ``num_failed_steps``).
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from prefixcache import PrefixCache
 from prefixcache.engine.model_runner import ModelRunner
-from prefixcache.engine.outputs import CompletionOutput, RequestMetricsView, RequestOutput
+from prefixcache.engine.outputs import (
+    INTERNAL_ERROR,
+    KV_EXHAUSTED,
+    CompletionOutput,
+    RequestOutput,
+)
 from prefixcache.engine.request import Request
+from prefixcache.engine.request_group import RequestGroup, Sample, group_metrics
 from prefixcache.engine.sampler import make_generator, sample_token
 from prefixcache.engine.sampling_params import SamplingParams
 from prefixcache.engine.scheduler import Scheduler
+from prefixcache.engine.scheduler_output import SchedulerOutput
 from prefixcache.engine.stop_checker import SequenceText, check_stop, stop_string_holdback
 
-
-@dataclass
-class _Sample:
-    request: Request
-    text: SequenceText
-    generator: torch.Generator | None
-
-
-class _RequestGroup:
-    """The n samples of one user request (sample 0 is admitted; the others fork from it)."""
-
-    def __init__(self, request_id: str, prompt: str | None, params: SamplingParams) -> None:
-        self.request_id = request_id
-        self.prompt = prompt
-        self.params = params
-        self.samples: list[_Sample] = []
-        self.error: str | None = None
-        self.aborted = False
-
-    @property
-    def finished(self) -> bool:
-        if self.error is not None or self.aborted:
-            return True
-        return len(self.samples) == self.params.n and all(
-            s.request.is_finished for s in self.samples
-        )
+logger = logging.getLogger(__name__)
 
 
 class EngineCore:
@@ -71,9 +61,11 @@ class EngineCore:
         self.eos_token_ids = eos_token_ids
         self.max_model_len = max_model_len
         self.prefix_stable_decode = prefix_stable_decode
-        self.groups: dict[str, _RequestGroup] = {}
-        self._by_request: dict[Request, _RequestGroup] = {}
+        self.groups: dict[str, RequestGroup] = {}
+        self._by_request: dict[Request, RequestGroup] = {}
         self.num_finished = 0
+        self.num_request_errors = 0  # requests failed by a step that raised
+        self.num_failed_steps = 0  # steps whose forward raised
 
     def add_request(
         self,
@@ -87,10 +79,10 @@ class EngineCore:
         """Queue a validated request (the caller checked lengths and token ids)."""
         if request_id in self.groups:
             raise ValueError(f"request id {request_id!r} is already in use")
-        group = _RequestGroup(request_id, prompt, params)
+        group = RequestGroup(request_id, prompt, params)
         request = Request(request_id, prompt_token_ids, params, salt, arrival_time)
         group.samples.append(
-            _Sample(request, self._new_text(), make_generator(params.seed))
+            Sample(request, self._new_text(), make_generator(params.seed))
         )
         self.groups[request_id] = group
         self._by_request[request] = group
@@ -119,13 +111,33 @@ class EngineCore:
         ``finished_only``, of those that finished (the others' text is then not decoded: a
         caller that does not stream skips a decode of each running request's output a step)."""
         out = self.scheduler.schedule()
-        touched: dict[str, _RequestGroup] = {}
+        touched: dict[str, RequestGroup] = {}
         if out.is_empty:
             self._fail_unschedulable(touched)
         else:
-            sampled = [seq.request for seq in out.sequences if seq.samples]
-            groups = [self._by_request[request] for request in sampled]
-            logits: torch.Tensor | None = None  # [num_sampled, vocab], when a row samples
+            self._run_step(out, touched)
+        return [
+            self._safe_snapshot(group)
+            for group in touched.values()
+            if group.finished or not finished_only
+        ]
+
+    def _safe_snapshot(self, group: RequestGroup) -> RequestOutput:
+        """``_snapshot``, failing the group instead if its text cannot be decoded."""
+        try:
+            return self._snapshot(group)
+        except Exception as error:
+            logger.exception("request %s failed while decoding its text", group.request_id)
+            self._fail(group, INTERNAL_ERROR, f"decoding the output failed: {error!r}")
+            return self._snapshot(group)  # every sample finished: no decode left to fail
+
+    def _run_step(self, out: SchedulerOutput, touched: dict[str, RequestGroup]) -> None:
+        """Forward ``out``, commit its blocks, sample and check each sampled row; a failure
+        is contained (module docstring)."""
+        sampled = [seq.request for seq in out.sequences if seq.samples]
+        groups = [self._by_request[request] for request in sampled]
+        logits: torch.Tensor | None = None  # [num_sampled, vocab], when a row samples
+        try:
             if all(group.params.greedy for group in groups):
                 greedy = self.runner.execute_greedy(out)  # [num_sampled] token ids
             else:
@@ -135,28 +147,61 @@ class EngineCore:
                     greedy = logits.argmax(dim=-1).tolist()
                 else:
                     greedy = [-1] * len(groups)  # unused: every row samples
-            self.scheduler.commit_step(out)
-            now = time.perf_counter()
-            for row, (request, group) in enumerate(zip(sampled, groups, strict=True)):
-                row_logits = None if logits is None else logits[row]
+        except Exception as error:
+            self._contain_failed_forward(out, error, touched)
+            return
+        self.scheduler.commit_step(out)
+        now = time.perf_counter()
+        for row, (request, group) in enumerate(zip(sampled, groups, strict=True)):
+            touched[group.request_id] = group
+            if group.error is not None:  # an earlier row of the group failed it this step
+                continue
+            row_logits = None if logits is None else logits[row]
+            try:
                 self._advance(group, request, row_logits, greedy[row], now)
-                touched[group.request_id] = group
-        return [
-            self._snapshot(group)
-            for group in touched.values()
-            if group.finished or not finished_only
-        ]
+            except Exception as error:
+                logger.exception("request %s failed while sampling", group.request_id)
+                self._fail(group, INTERNAL_ERROR, f"sampling failed: {error!r}")
+
+    def _contain_failed_forward(
+        self, out: SchedulerOutput, error: Exception, touched: dict[str, RequestGroup]
+    ) -> None:
+        """A forward raised: fail its request if it was the step's only one, else run each
+        of the step's requests alone next (the scheduler's isolation)."""
+        self.num_failed_steps += 1
+        requests = [seq.request for seq in out.sequences]
+        groups = {id(g): g for g in (self._by_request[r] for r in requests)}.values()
+        if len(groups) > 1:
+            logger.warning("a step of %d requests raised %r; each runs its next step alone",
+                           len(groups), error, exc_info=error)
+            self.scheduler.isolate(requests)
+            return
+        (group,) = groups
+        logger.error("request %s failed: its step raised", group.request_id, exc_info=error)
+        for request in requests:
+            self.scheduler.forget_unverified(request)
+        self._fail(group, INTERNAL_ERROR, f"the model step failed: {error!r}")
+        touched[group.request_id] = group
+
+    def _fail(self, group: RequestGroup, kind: str, message: str) -> None:
+        """End ``group`` with an error: every unfinished sample aborted, its blocks released."""
+        group.error, group.error_kind = message, kind
+        if kind == INTERNAL_ERROR:
+            self.num_request_errors += 1
+        for sample in group.samples:  # all of them: the group's snapshot ends its bookkeeping
+            if not sample.request.is_finished:
+                self.scheduler.finish(sample.request, "abort")
 
     def _advance(
         self,
-        group: _RequestGroup,
+        group: RequestGroup,
         request: Request,
         logits: torch.Tensor | None,  # [vocab] float32; None on an all-greedy step
         greedy_token: int,  # the row's argmax token (greedy requests only)
         now: float,
     ) -> None:
         sample = next(s for s in group.samples if s.request is request)
-        children: list[_Sample] = []
+        children: list[Sample] = []
         if request.num_output_tokens == 0 and request.sample_index == 0 and group.params.n > 1:
             children = [self._fork(group, request, index) for index in range(1, group.params.n)]
         for current in [sample, *children]:
@@ -167,7 +212,7 @@ class EngineCore:
                 token = sample_token(logits, group.params, current.generator)
             self._append(current, token, now)
 
-    def _fork(self, group: _RequestGroup, parent: Request, index: int) -> _Sample:
+    def _fork(self, group: RequestGroup, parent: Request, index: int) -> Sample:
         """Sample ``index`` of ``group`` starts on the parent's prompt blocks, shared."""
         child = Request(
             f"{group.request_id}#{index}",
@@ -179,12 +224,12 @@ class EngineCore:
         )
         child.metrics.first_scheduled_time = parent.metrics.first_scheduled_time
         self.scheduler.fork(parent, child)
-        child_sample = _Sample(child, self._new_text(), make_generator(group.params.seed, index))
+        child_sample = Sample(child, self._new_text(), make_generator(group.params.seed, index))
         group.samples.append(child_sample)
         self._by_request[child] = group
         return child_sample
 
-    def _append(self, sample: _Sample, token: int, now: float) -> None:
+    def _append(self, sample: Sample, token: int, now: float) -> None:
         request = sample.request
         request.append_token(token)
         if request.metrics.first_token_time is None:
@@ -198,23 +243,19 @@ class EngineCore:
                 sample.text.update(request)
             self.num_finished += 1
 
-    def _fail_unschedulable(self, touched: dict[str, _RequestGroup]) -> None:
+    def _fail_unschedulable(self, touched: dict[str, RequestGroup]) -> None:
         """Nothing could run: the request the policy picked cannot fit in the pool even when
         alone (pins hold the rest); it fails, and the others are tried next step."""
         if self.scheduler.running or self.scheduler.blocked is None:
             return
         request = self.scheduler.blocked  # the policy's pick, not always the oldest request
         group = self._by_request[request]
-        group.error = (
-            f"request needs more KV blocks than the pool can free "
-            f"({self.cache.stats()['free']} free of {self.cache.num_blocks})"
-        )
-        for sample in group.samples:  # all of them: the group's snapshot ends its bookkeeping
-            if not sample.request.is_finished:
-                self.scheduler.finish(sample.request, "abort")
+        self._fail(group, KV_EXHAUSTED,
+                   f"request needs more KV blocks than the pool can free "
+                   f"({self.cache.stats()['free']} free of {self.cache.num_blocks})")
         touched[group.request_id] = group
 
-    def _snapshot(self, group: _RequestGroup) -> RequestOutput:
+    def _snapshot(self, group: RequestGroup) -> RequestOutput:
         first = group.samples[0].request
         outputs = []
         for index, sample in enumerate(group.samples):
@@ -238,7 +279,7 @@ class EngineCore:
             self.groups.pop(group.request_id, None)
             for sample in group.samples:
                 self._by_request.pop(sample.request, None)
-        view = _group_metrics([sample.request for sample in group.samples])
+        view = group_metrics([sample.request for sample in group.samples])
         return RequestOutput(
             group.request_id,
             first.prompt_token_ids,
@@ -248,25 +289,5 @@ class EngineCore:
             view,
             group.prompt,
             group.error,
+            group.error_kind,
         )
-
-
-def _group_metrics(samples: list[Request]) -> RequestMetricsView:
-    """A request's metrics over all its samples (``n > 1``): ``ttft`` and ``queue`` from its
-    first sample (the others fork from it), ``e2e`` to the last sample's finish (None until
-    every sample finished), ``tpot`` the mean gap after each sample's first token, pooled."""
-    first = samples[0].metrics
-    ends = [request.metrics.finished_time for request in samples]
-    decode_time, decode_tokens = 0.0, 0
-    for request in samples:
-        gap = request.metrics.tpot(request.num_output_tokens)
-        if gap is not None:
-            decode_time += gap * (request.num_output_tokens - 1)
-            decode_tokens += request.num_output_tokens - 1
-    scheduled = first.first_scheduled_time
-    return RequestMetricsView(
-        ttft=first.ttft,
-        tpot=decode_time / decode_tokens if decode_tokens else None,
-        e2e=None if None in ends else max(ends) - first.arrival_time,  # type: ignore[type-var]
-        queue=None if scheduled is None else scheduled - first.arrival_time,
-    )

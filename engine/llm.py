@@ -175,6 +175,8 @@ class LLM:
             running=len(scheduler.running),
             waiting=len(scheduler.waiting),
             finished_requests=self.engine.num_finished,
+            request_errors=self.engine.num_request_errors,
+            failed_steps=self.engine.num_failed_steps,
         )
         return stats
 

@@ -27,9 +27,17 @@ class RequestMetricsView:
     queue: float | None = None
 
 
+KV_EXHAUSTED = "kv_cache_exhausted"  # the pool could not hold the request (pins since admitted)
+INTERNAL_ERROR = "internal_error"  # a step raised on this request; the engine went on serving
+ERROR_KINDS = (KV_EXHAUSTED, INTERNAL_ERROR)
+
+
 @dataclass
 class RequestOutput:
-    """A request's state; ``text`` / ``token_ids`` / ``finish_reason`` are the first sample's."""
+    """A request's state; ``text`` / ``token_ids`` / ``finish_reason`` are the first sample's.
+
+    A request the engine could not complete ends finished with ``error`` (what went wrong)
+    and ``error_kind`` (``KV_EXHAUSTED`` or ``INTERNAL_ERROR``) set."""
 
     request_id: str
     prompt_token_ids: list[int]
@@ -39,6 +47,7 @@ class RequestOutput:
     metrics: RequestMetricsView = field(default_factory=RequestMetricsView)
     prompt: str | None = None
     error: str | None = None
+    error_kind: str | None = None  # with ``error``: one of ``ERROR_KINDS``
 
     @property
     def text(self) -> str:

@@ -1,4 +1,11 @@
-"""Turning a row of logits into the next token: greedy, temperature, top-k, top-p, seeds."""
+"""Turning a row of logits into the next token: greedy, temperature, top-k, top-p, seeds.
+
+Numerically safe for every value ``SamplingParams`` accepts: the scores are float64 (a float32
+logit divided by the smallest non-greedy temperature, 1e-5, stays far inside its range), a NaN
+logit counts as impossible (-inf), and a row with no finite score at all falls back to the
+argmax of what it has (token 0 if nothing), so ``torch.multinomial`` is never handed
+probabilities that are not a distribution.
+"""
 
 from __future__ import annotations
 
@@ -24,17 +31,21 @@ def sample_token(
     params: SamplingParams,
     generator: torch.Generator | None,
 ) -> int:
-    """Greedy when temperature is 0; otherwise temperature, then top-k, then top-p."""
+    """Greedy when temperature is (below the greedy epsilon of) 0; otherwise temperature, then
+    top-k, then top-p. Always a token id in [0, vocab)."""
     if params.greedy:
         return int(torch.argmax(logits))
-    scores = logits.float() / params.temperature
+    scores = torch.nan_to_num(logits.double(), nan=float("-inf")) / params.temperature
+    if not torch.isfinite(scores).any():  # nothing to draw from: the row's best, if any
+        return int(torch.argmax(scores))
+    scores = scores.clamp(max=torch.finfo(torch.float64).max)  # +inf logits: the top scores
     if params.top_k > 0 and params.top_k < scores.shape[0]:
         kth = torch.topk(scores, params.top_k).values[-1]
         scores = scores.masked_fill(scores < kth, float("-inf"))
     if params.top_p < 1.0:
         sorted_scores, order = torch.sort(scores, descending=True)
-        cumulative = torch.softmax(sorted_scores, dim=-1).cumsum(-1)
-        drop = cumulative - torch.softmax(sorted_scores, dim=-1) > params.top_p  # keep the first
+        probs = torch.softmax(sorted_scores, dim=-1)
+        drop = probs.cumsum(-1) - probs > params.top_p  # keep the first
         scores = scores.scatter(0, order, sorted_scores.masked_fill(drop, float("-inf")))
     probs = torch.softmax(scores, dim=-1)
     return int(torch.multinomial(probs, 1, generator=generator))

@@ -5,13 +5,18 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1  # the seeds a torch.Generator takes
+# Temperatures below this are greedy (vLLM's rule): dividing logits by them would only
+# overflow, and the distribution they describe is the argmax to within float precision.
+GREEDY_TEMPERATURE_EPS = 1e-5
 
 
 @dataclass
 class SamplingParams:
     """Per-request decoding settings (the names vLLM and the OpenAI API use).
 
-    ``temperature == 0`` is greedy. ``top_k == -1`` / ``top_p == 1`` disable those filters.
+    ``temperature == 0`` is greedy, and so is any temperature below
+    ``GREEDY_TEMPERATURE_EPS`` (1e-5): it is set to 0 when the params are built.
+    ``top_k == -1`` / ``top_p == 1`` disable those filters.
     ``seed`` (in [-2**63, 2**64 - 1]) makes sampling reproducible per request; sample ``i`` of
     ``n`` draws from ``seed + i`` (modulo 2**64, as torch reads a negative seed). ``stop``
     strings and ``stop_token_ids`` end generation (a stop string is cut from the text unless
@@ -44,6 +49,8 @@ class SamplingParams:
             raise TypeError(f"temperature must be a number, got {type(self.temperature).__name__}")
         if not 0.0 <= self.temperature <= 100.0:
             raise ValueError(f"temperature must be in [0, 100], got {self.temperature}")
+        if self.temperature < GREEDY_TEMPERATURE_EPS:
+            self.temperature = 0.0
         if isinstance(self.top_p, bool) or not isinstance(self.top_p, (int, float)):
             raise TypeError(f"top_p must be a number, got {type(self.top_p).__name__}")
         if not 0.0 < self.top_p <= 1.0:
@@ -59,7 +66,7 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0.0
+        return self.temperature < GREEDY_TEMPERATURE_EPS
 
 
 def _check_int(name: str, value: object, minimum: int | None) -> None:

@@ -52,6 +52,25 @@ class Scheduler:
         self.num_preemptions = 0
         self.step_count = 0
         self.blocked: Request | None = None  # the request the last step could not admit
+        # Requests of a step that raised, each to run its next step alone (``isolate``).
+        self.isolated: list[Request] = []
+
+    def check_invariants(self) -> None:
+        """AssertionError unless: running requests are RUNNING with blocks for their computed
+        tokens; waiting ones hold no block; no request is in both; isolated ones are queued
+        or running."""
+        bs = self.block_size
+        for request in self.running:
+            assert request.status is RequestStatus.RUNNING, request
+            assert len(request.block_ids) >= -(-request.num_computed_tokens // bs), request
+            assert request.num_committed_blocks * bs <= request.num_computed_tokens or (
+                request.num_computed_tokens == 0), request
+        for request in self.waiting:
+            assert request.status in (RequestStatus.WAITING, RequestStatus.PREEMPTED), request
+            assert not request.block_ids, request
+        assert not set(map(id, self.running)) & set(map(id, self.waiting))
+        queued = {id(r) for r in self.running} | {id(r) for r in self.waiting}
+        assert all(id(r) in queued for r in self.isolated), self.isolated
 
     # ------------------------------------------------------------------ queue
     def add(self, request: Request) -> None:
@@ -65,6 +84,8 @@ class Scheduler:
         """Pick this step's work within the token budget and allocate its blocks."""
         self.step_count += 1
         self.blocked = None
+        if self.isolated:
+            return self._schedule_alone(self.isolated[0])
         out = SchedulerOutput()
         budget = self.max_num_batched_tokens
         index = 0
@@ -88,6 +109,44 @@ class Scheduler:
                 self._add_scheduled(out, request, num_new)
                 budget -= num_new
         return out
+
+    def _schedule_alone(self, request: Request) -> SchedulerOutput:
+        """A step of ``request`` (isolated, so waiting) and nothing else, with the whole token
+        budget; running requests are preempted, newest first, while the pool (or
+        ``max_num_seqs``) cannot hold it.
+        If it cannot fit even so, it is ``blocked`` and the step is empty."""
+        out = SchedulerOutput()
+        while len(self.running) >= self.max_num_seqs or (
+            num_new := self._admit(request, self.max_num_batched_tokens, out)
+        ) is None:
+            if not self.running:
+                self.blocked = request
+                return out
+            victim = self.running[-1]
+            self.preempt(victim)
+            out.preempted.append(victim)
+        self.waiting.remove(request)
+        self._add_scheduled(out, request, num_new)
+        return out
+
+    def isolate(self, requests: list[Request]) -> None:
+        """Requeue the running ``requests`` of a step that raised, each to run its next step
+        alone, so the one that makes a step raise can be told from the others. What that step
+        may have written is not trusted: only their committed blocks stay cached."""
+        for request in requests:
+            self.forget_unverified(request)
+            if request.status is RequestStatus.RUNNING:
+                self.preempt(request)
+            if request not in self.isolated:
+                self.isolated.append(request)
+
+    def forget_unverified(self, request: Request) -> None:
+        """After a step of ``request`` raised: tokens past its committed blocks are no longer
+        known written (the step may have failed before copying or after writing garbage), so
+        releasing its blocks caches none of them."""
+        request.num_written_tokens = min(
+            request.num_written_tokens, request.num_committed_blocks * self.block_size
+        )
 
     def _add_scheduled(self, out: SchedulerOutput, request: Request, num_new: int) -> None:
         context = request.num_computed_tokens
@@ -191,6 +250,8 @@ class Scheduler:
             request.num_computed_tokens += seq.num_new_tokens
             request.num_written_tokens = request.num_computed_tokens
             self.commit_blocks(request)
+            if request in self.isolated:  # its step ran alone and did not raise: cleared
+                self.isolated.remove(request)
 
     def commit_blocks(self, request: Request) -> None:
         full = request.num_computed_tokens // self.block_size
@@ -234,6 +295,8 @@ class Scheduler:
         elif request.status is not RequestStatus.FINISHED and request in self.waiting:
             self.waiting.remove(request)
         self._release_blocks(request)
+        if request in self.isolated:
+            self.isolated.remove(request)
         request.status = RequestStatus.FINISHED
         request.finish_reason = reason
         if request.metrics.finished_time is None:  # an abort: no final token set it
