@@ -1,7 +1,11 @@
 """`prefixcache serve`: the OpenAI-compatible server on a model, with uvicorn.
 
     prefixcache serve --model smollm2 --host 127.0.0.1 --port 8000 [--api-key KEY]
-                      [--max-body-bytes N]
+                      [--max-body-bytes N] [--max-prompts-per-request N]
+                      [--max-prompt-tokens-per-request N] [--shutdown-timeout S]
+
+SIGTERM drains: the requests in flight get ``--shutdown-timeout`` seconds to finish, then are
+aborted (``integrations/server/graceful_shutdown.py``); a second SIGTERM exits at once.
 
 The key can also come from the PREFIXCACHE_API_KEY environment variable (kept out of the
 process list). Bad options exit with code 2 and one message; those that can be checked
@@ -11,6 +15,7 @@ are checked before it loads, and any failure to load the model is one message to
 
 from __future__ import annotations
 
+import logging
 import socket
 from enum import Enum
 from typing import Annotated
@@ -85,8 +90,16 @@ def serve(
     max_pending: Annotated[int, typer.Option(
         help="Requests in flight before new ones get 429.", min=1)] = 256,
     max_body_bytes: Annotated[int | None, typer.Option(
-        help="Request bodies over this many bytes get 413 (default: 16 full-context prompts' "
-             "worth, from the model).", min=1, show_default=False)] = None,
+        help="Request bodies over this many bytes get 413 (default: 32 bytes per allowed "
+             "prompt token, at least 1 MiB).", min=1, show_default=False)] = None,
+    max_prompts_per_request: Annotated[int, typer.Option(
+        help="Prompts one /v1/completions request may carry (more: 400).", min=1)] = 256,
+    max_prompt_tokens_per_request: Annotated[int | None, typer.Option(
+        help="Prompt tokens one request may carry, all prompts together (more: 400; "
+             "default: 16 full contexts).", min=1, show_default=False)] = None,
+    shutdown_timeout: Annotated[float, typer.Option(
+        help="Seconds SIGTERM lets requests in flight finish before aborting them.",
+        min=0)] = 10.0,
     log_level: Annotated[LogLevel, typer.Option(
         help="uvicorn log level.", case_sensitive=False)] = LogLevel.info,
 ) -> None:
@@ -96,6 +109,7 @@ def serve(
     from prefixcache.engine.async_llm import AsyncLLM
     from prefixcache.engine.devices import resolve_device
     from prefixcache.integrations.server import build_app
+    from prefixcache.integrations.server.graceful_shutdown import DrainingServer
 
     try:  # what can be checked without the model, before minutes of loading
         check_kv_cache_dtype(kv_cache_dtype)
@@ -113,12 +127,30 @@ def serve(
         from prefixcache.engine.model_registry import describe_load_error
 
         raise typer.BadParameter(describe_load_error(model, error)) from None
+    _log_to_stderr(log_level.value)
     try:
         app = build_app(engine, model_name=served_model_name or model, api_key=api_key,
-                        max_pending=max_pending, max_body_bytes=max_body_bytes)
-        uvicorn.run(app, host=host, port=port, log_level=log_level.value, lifespan="off")
+                        max_pending=max_pending, max_body_bytes=max_body_bytes,
+                        max_prompts=max_prompts_per_request,
+                        max_prompt_tokens=max_prompt_tokens_per_request)
+        config = uvicorn.Config(app, host=host, port=port, log_level=log_level.value,
+                                lifespan="off")
+        server = DrainingServer(config, app.state.server, shutdown_timeout)
+        server.run()
     finally:
         engine.shutdown()
+    if server.force_exit:
+        raise typer.Exit(1)
+
+
+def _log_to_stderr(level: str) -> None:
+    """The project's own log records (engine failures with their tracebacks, the shutdown's
+    drain) on stderr, at uvicorn's level ("trace" is uvicorn's own, below debug)."""
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("%(levelname)s:     %(name)s: %(message)s"))
+    project = logging.getLogger("prefixcache")
+    project.addHandler(handler)
+    project.setLevel(logging.DEBUG if level == "trace" else level.upper())
 
 
 def register(app: typer.Typer) -> None:

@@ -15,9 +15,11 @@ from starlette.responses import Response
 from prefixcache.engine.async_llm import AsyncLLM
 from prefixcache.integrations.server import routes_cache, routes_info, routes_openai
 from prefixcache.integrations.server.admission import Admission
-from prefixcache.integrations.server.body_limit import BodyLimitMiddleware, default_max_body_bytes
+from prefixcache.integrations.server.body_limit import BodyLimitMiddleware
 from prefixcache.integrations.server.errors import ApiError, error_response, install_error_handlers
+from prefixcache.integrations.server.limits import RequestLimits
 from prefixcache.integrations.server.metrics import ServerMetrics
+from prefixcache.integrations.server.openapi_contract import contract_openapi
 from prefixcache.integrations.server.state import ServerState
 
 OPEN_PATHS = frozenset({"/health"})
@@ -51,13 +53,18 @@ def build_app(
     max_pending: int = 256,
     max_n: int = 16,
     max_body_bytes: int | None = None,
+    max_prompts: int | None = None,
+    max_prompt_tokens: int | None = None,
 ) -> FastAPI:
     """An app serving ``engine`` under ``model_name`` (default: the engine's model name).
 
     ``max_pending``: requests in flight before new ones get 429. ``max_n``: the largest ``n``.
-    ``max_body_bytes``: larger request bodies get 413 (default: ``default_max_body_bytes``,
-    sized from the context length and the vocabulary so that no prompt that fits is refused).
+    ``max_prompts``, ``max_prompt_tokens``, ``max_body_bytes``: one request's limits (None:
+    the defaults of ``RequestLimits.for_model`` for the engine's context length).
     """
+    limits = RequestLimits.for_model(
+        engine.llm.max_model_len, max_prompts=max_prompts, max_prompt_tokens=max_prompt_tokens,
+        max_body_bytes=max_body_bytes)
     app = FastAPI(title="prefixcache", version="0.1.0")
     metrics = ServerMetrics()
     app.state.server = ServerState(
@@ -67,13 +74,14 @@ def build_app(
         max_n=max_n,
         admission=Admission(max_pending, on_reject=metrics.rejected.inc),
         metrics=metrics,
+        limits=limits,
     )
     install_error_handlers(app)
     for module in (routes_openai, routes_info, routes_cache):
         app.include_router(module.router)
-    if max_body_bytes is None:
-        max_body_bytes = default_max_body_bytes(engine.llm.max_model_len, engine.llm.tokenizer)
-    app.add_middleware(BodyLimitMiddleware, max_bytes=max_body_bytes)
+    app.openapi = contract_openapi(app, OPEN_PATHS, requires_key=bool(api_key),
+                                   stream_chunks=routes_openai.STREAM_CHUNKS)
+    app.add_middleware(BodyLimitMiddleware, max_bytes=limits.max_body_bytes)
     if api_key:
         app.add_middleware(ApiKeyMiddleware, api_key=api_key)
     return app

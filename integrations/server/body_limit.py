@@ -1,33 +1,16 @@
-"""A cap on request body size, answered 413 in the OpenAI error shape, sized from the model.
+"""A cap on request body size, answered 413 in the OpenAI error shape.
 
 Without one, a client can make the server read, parse and hold an arbitrarily large body
-before any check on its prompt runs. The default cap leaves room for ``BODY_FULL_PROMPTS``
-worst-case prompts: ``max_model_len`` tokens each, every token the longest the vocabulary
-has (``UNKNOWN_TOKEN_BYTES`` assumed where the tokenizer gives no bound), every byte written
-as the longest JSON escape. With byte-level BPE no single prompt that fits the context can
-outgrow it, only a batch of more than that many such prompts; ``build_app(max_body_bytes=)``
-sets another cap.
+before any check on its prompt runs; parsing is the one step that holds the event loop (C
+code under the GIL), so the cap bounds that stall. Its default comes from the request's
+prompt-token cap (``limits.default_max_body_bytes``).
 """
 
 from __future__ import annotations
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from prefixcache.engine.tokenizer import Tokenizer
 from prefixcache.integrations.server.errors import BodyTooLarge, body_too_large, error_response
-
-JSON_BYTES_PER_TEXT_BYTE = 6  # the longest JSON escape of one UTF-8 byte: "\u0001"
-UNKNOWN_TOKEN_BYTES = 64  # assumed for tokenizers with no sound bound (not byte-level BPE)
-BODY_FULL_PROMPTS = 16  # worst-case full-context prompts one body may carry
-MIN_BODY_BYTES = 1 << 20  # never below 1 MiB (chat templates, tools, token-id lists)
-
-
-def default_max_body_bytes(max_model_len: int, tokenizer: Tokenizer) -> int:
-    """The default cap: ``BODY_FULL_PROMPTS`` prompts of ``max_model_len`` tokens, each as
-    many bytes as the longest token covers, each byte JSON-escaped; at least 1 MiB."""
-    token_bytes = tokenizer.max_token_bytes or UNKNOWN_TOKEN_BYTES
-    per_prompt = max_model_len * token_bytes * JSON_BYTES_PER_TEXT_BYTE
-    return max(MIN_BODY_BYTES, BODY_FULL_PROMPTS * per_prompt)
 
 
 class BodyLimitMiddleware:

@@ -10,7 +10,12 @@ from typing import TypeVar
 
 from fastapi import Request
 
-from prefixcache.engine.async_llm import EngineDeadError, EngineRequestError
+from prefixcache.engine.async_llm import (
+    EngineDeadError,
+    EngineRequestError,
+    RequestAbortedError,
+    RequestInternalError,
+)
 from prefixcache.engine.outputs import RequestOutput
 from prefixcache.engine.sampling_params import SamplingParams
 from prefixcache.integrations.server.errors import ApiError
@@ -24,6 +29,10 @@ def engine_error(error: BaseException) -> ApiError:
     """The HTTP error for an engine-side failure."""
     if isinstance(error, EngineDeadError):
         return ApiError(503, f"the engine is not running: {error}", code="engine_dead")
+    if isinstance(error, RequestAbortedError):  # the server's shutdown deadline passed
+        return shutting_down(str(error))
+    if isinstance(error, RequestInternalError):  # a step raised on it; the engine goes on
+        return ApiError(500, f"the engine failed this request: {error}", code="internal_error")
     if isinstance(error, EngineRequestError):  # the pool cannot hold it (pins since admitted)
         return ApiError(503, f"the request could not complete: {error}",
                         code="kv_cache_exhausted")
@@ -32,8 +41,16 @@ def engine_error(error: BaseException) -> ApiError:
     return ApiError(500, f"internal error: {error!r}")
 
 
+def shutting_down(reason: str) -> ApiError:
+    """503 ``server_shutting_down``."""
+    return ApiError(503, reason, code="server_shutting_down")
+
+
 def check_engine_running(state: ServerState) -> None:
-    """503 once the engine worker has stopped (its command queue is no longer served)."""
+    """503 once the server is draining for shutdown (``server_shutting_down``) or the engine
+    worker has stopped (``engine_dead``: its command queue is no longer served)."""
+    if state.draining:
+        raise shutting_down("the server is shutting down; retry on another replica")
     try:
         state.engine.raise_if_dead()
     except EngineDeadError as error:

@@ -7,12 +7,16 @@ routes) into the same shape.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
+
+logger = logging.getLogger(__name__)
 
 ERROR_TYPES = {
     400: "invalid_request_error",
@@ -24,6 +28,36 @@ ERROR_TYPES = {
     500: "server_error",
     503: "service_unavailable",
 }
+
+
+ERROR_DESCRIPTIONS = {
+    400: "Invalid request: the body, a field or a limit (`param` names it)",
+    401: "Missing or wrong API key",
+    404: "Unknown model (or nothing pinned, for /v1/cache/unpin)",
+    413: "Request body over the server's size limit",
+    429: "The server is at capacity; retry later",
+    500: "The engine failed this request (the server goes on serving)",
+    503: "The server is shutting down, or its engine has stopped",
+}
+
+
+class ErrorBody(BaseModel):
+    message: str
+    type: str
+    param: str | None = None
+    code: str | None = None
+
+
+class ErrorResponse(BaseModel):
+    """Every error the server answers: ``{"error": {"message", "type", "param", "code"}}``."""
+
+    error: ErrorBody
+
+
+def error_responses(*statuses: int) -> dict[int | str, dict]:
+    """The OpenAPI ``responses`` entries for a route that can answer ``statuses``."""
+    return {status: {"model": ErrorResponse, "description": ERROR_DESCRIPTIONS[status]}
+            for status in statuses}
 
 
 class ApiError(Exception):
@@ -104,3 +138,11 @@ def install_error_handlers(app: FastAPI) -> None:
     async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
         code = "request_too_large" if isinstance(exc, BodyTooLarge) else None
         return error_response(ApiError(exc.status_code, str(exc.detail), code=code))
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+        """A bug, not a client's fault: logged with its traceback, answered in the same
+        shape (500) instead of the framework's plain text."""
+        logger.error("%s %s failed", request.method, request.url.path, exc_info=exc)
+        return error_response(ApiError(500, f"internal error: {exc!r}",
+                                       code="internal_error"))

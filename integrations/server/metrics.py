@@ -31,6 +31,10 @@ ENGINE_SERIES: tuple[tuple[str, str, str, str], ...] = (
     ("free", "kv_cache_free_blocks", "KV blocks free", "gauge"),
     ("cached", "kv_cache_cached_blocks", "KV blocks cached and evictable or pinned", "gauge"),
     ("running", "num_requests_running", "Requests being decoded", "gauge"),
+    ("request_errors", "engine_request_errors_total",
+     "Requests failed by an engine step that raised (the engine went on serving)", "counter"),
+    ("failed_steps", "engine_failed_steps_total",
+     "Engine steps whose model forward raised", "counter"),
     ("waiting", "num_requests_waiting", "Requests waiting for admission", "gauge"),
 )
 

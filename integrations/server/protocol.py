@@ -12,9 +12,35 @@ import time
 import uuid
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, with_config
+from typing_extensions import NotRequired, TypedDict
 
 MAX_CACHE_SALT_LENGTH = 256
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+
+Int64 = Annotated[int, Field(ge=INT64_MIN, le=INT64_MAX)]
+"""An integer field the engine holds in 64 bits: beyond that range a 400 names the field (as
+vLLM's server and OpenAI answer), instead of an overflow deeper in."""
+
+
+
+def checked(**json_schema: Any) -> Any:
+    """A constraint the routes check themselves (with a message naming the field and the
+    value, e.g. a token id outside the vocabulary), published in the schema as ``json_schema``
+    (a pydantic constraint in a union would answer with the first union member's error)."""
+    return Field(json_schema_extra=json_schema)
+
+
+PromptText = Annotated[str, checked(minLength=1)]
+TokenId = Annotated[int, checked(minimum=0)]
+TokenIds = Annotated[list[TokenId], Field(fail_fast=True, json_schema_extra={"minItems": 1})]
+Texts = Annotated[list[PromptText], Field(fail_fast=True, json_schema_extra={"minItems": 1})]
+"""Lists inside a union stop at their first wrong item: a union member that cannot match (a
+list of ids tried as texts) would otherwise report every item, 20x the cost of the match on
+a long list, on the event loop."""
+
+Role = Literal["system", "developer", "user", "assistant", "tool"]
+"""The message roles OpenAI's chat API takes; any other role is a 400."""
 
 
 class StrictRequest(BaseModel):
@@ -33,14 +59,14 @@ class SamplingFields(StrictRequest):
 
     model_config = ConfigDict(strict=True, extra="allow")
     model: str | None = None
-    max_tokens: int | None = None
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = -1
-    n: int = 1
-    seed: int | None = None
-    stop: str | list[str] | None = None
-    stop_token_ids: list[int] | None = None  # as vLLM's server takes them
+    max_tokens: Annotated[Int64, checked(minimum=1)] | None = None
+    temperature: Annotated[float, checked(minimum=0, maximum=100)] = 1.0
+    top_p: Annotated[float, checked(exclusiveMinimum=0, maximum=1)] = 1.0
+    top_k: Annotated[Int64, checked(minimum=-1, **{"not": {"const": 0}})] = -1  # -1: off
+    n: Annotated[Int64, checked(minimum=1)] = 1
+    seed: Int64 | None = None
+    stop: PromptText | Texts | None = None
+    stop_token_ids: list[Annotated[Int64, checked(minimum=0)]] | None = None  # as vLLM's
     include_stop_str_in_output: bool = False
     stream: bool = False
     stream_options: StreamOptions | None = None
@@ -51,15 +77,26 @@ class SamplingFields(StrictRequest):
 class CompletionRequest(SamplingFields):
     """``prompt``: text, token ids, or a list of either (one choice set per prompt)."""
 
-    prompt: str | list[str] | list[int] | list[list[int]]
+    prompt: PromptText | Texts | TokenIds | Annotated[
+        list[TokenIds], Field(fail_fast=True, json_schema_extra={"minItems": 1})]
 
 
-class ChatMessage(BaseModel):
-    """One message; ``content`` is text or a list of parts (text parts are kept)."""
+@with_config(ConfigDict(strict=True, extra="allow"))
+class TextPart(TypedDict):
+    """A content part: text is the only kind this server renders."""
 
-    model_config = ConfigDict(strict=True, extra="allow")
-    role: str
-    content: str | list[dict[str, Any]] | None = None
+    type: Literal["text"]
+    text: str
+
+
+@with_config(ConfigDict(strict=True, extra="allow"))
+class ChatMessage(TypedDict):
+    """One message; ``content`` is text or a list of parts (text parts are kept). Other keys
+    (``name``, ``tool_calls``, ``tool_call_id``...) pass to the chat template. A TypedDict,
+    not a model: validated 5x faster (a long conversation is validated on the event loop)."""
+
+    role: Role
+    content: NotRequired[str | list[TextPart] | None]
 
 
 Messages = Annotated[list[ChatMessage], Field(min_length=1)]
@@ -68,13 +105,20 @@ Messages = Annotated[list[ChatMessage], Field(min_length=1)]
 
 class ChatCompletionRequest(SamplingFields):
     messages: Messages
-    max_completion_tokens: int | None = None
+    max_completion_tokens: Annotated[Int64, checked(minimum=1)] | None = None
     tools: list[dict[str, Any]] | None = None
+
+
+ONE_OF_PROMPT_OR_MESSAGES = ConfigDict(
+    strict=True, extra="ignore",
+    json_schema_extra={"oneOf": [{"required": ["prompt"]}, {"required": ["messages"]}]})
+"""Bodies that take exactly one of ``prompt`` and ``messages`` (the routes check it)."""
 
 
 class TokenizeRequest(StrictRequest):
     """Either ``prompt`` or ``messages`` (rendered with the chat template)."""
 
+    model_config = ONE_OF_PROMPT_OR_MESSAGES
     model: str | None = None
     prompt: str | None = None
     messages: Messages | None = None
@@ -88,8 +132,9 @@ class DetokenizeRequest(StrictRequest):
 class CachePromptRequest(StrictRequest):
     """A prefix for the cache routes: ``prompt`` (text or ids) or chat ``messages``."""
 
+    model_config = ONE_OF_PROMPT_OR_MESSAGES
     model: str | None = None
-    prompt: str | list[int] | None = None
+    prompt: PromptText | TokenIds | None = None
     messages: Messages | None = None
     cache_salt: str | None = Field(default=None, max_length=MAX_CACHE_SALT_LENGTH, min_length=1)
 

@@ -12,16 +12,19 @@ from fastapi import APIRouter, Request
 
 from prefixcache.engine.sampling_params import SamplingParams
 from prefixcache.integrations.server import protocol as p
+from prefixcache.integrations.server import protocol_info as info
 from prefixcache.integrations.server.engine_calls import (
     call_engine,
     check_engine_running,
     engine_error,
 )
-from prefixcache.integrations.server.errors import ApiError, bad_request
-from prefixcache.integrations.server.sampling import check_fits, encode_prompt, render_messages
+from prefixcache.integrations.server.errors import ApiError, bad_request, error_responses
+from prefixcache.integrations.server.prompt_encoding import encode_prompt, render_messages
+from prefixcache.integrations.server.sampling import check_fits
 from prefixcache.integrations.server.state import ServerState, State, resolve_salt
 
 router = APIRouter(prefix="/v1/cache")
+PREFIX_ERRORS = error_responses(400, 404, 413, 503)  # a prefix in the body, engine calls
 
 
 async def _prefix(state: ServerState, request: Request, body: p.CachePromptRequest
@@ -29,7 +32,8 @@ async def _prefix(state: ServerState, request: Request, body: p.CachePromptReque
     state.check_model(body.model)
     if (body.prompt is None) == (body.messages is None):
         raise bad_request("give exactly one of prompt or messages", param="prompt")
-    prompt = body.prompt if body.messages is None else render_messages(state, body.messages)
+    prompt = body.prompt if body.messages is None else await render_messages(state,
+                                                                              body.messages)
     token_ids = await encode_prompt(state, prompt,
                                     "prompt" if body.messages is None else "messages")
     return token_ids, resolve_salt(request, body.cache_salt)
@@ -40,7 +44,8 @@ def _stats_checked(llm: Any) -> dict[str, Any]:
     return llm.stats()
 
 
-@router.post("/warm")
+@router.post("/warm", response_model=info.WarmResponse,
+             responses=error_responses(400, 404, 413, 429, 500, 503))
 async def warm(body: p.WarmRequest, request: Request,
                state: State) -> dict[str, Any]:
     """Prefill the prefix so it is cached (to its last token); ``pin`` keeps it from eviction."""
@@ -57,7 +62,7 @@ async def warm(body: p.WarmRequest, request: Request,
     return {"prompt_tokens": len(token_ids), "cached_tokens": cached, "pinned": body.pin}
 
 
-@router.post("/pin")
+@router.post("/pin", response_model=info.PinResponse, responses=PREFIX_ERRORS)
 async def pin(body: p.CachePromptRequest, request: Request,
               state: State) -> dict[str, Any]:
     """Pin the cached part of the prefix; ``pinned_tokens`` 0 means nothing was cached."""
@@ -66,7 +71,7 @@ async def pin(body: p.CachePromptRequest, request: Request,
     return {"prompt_tokens": len(token_ids), "pinned_tokens": pinned}
 
 
-@router.post("/unpin")
+@router.post("/unpin", response_model=info.UnpinResponse, responses=PREFIX_ERRORS)
 async def unpin(body: p.CachePromptRequest, request: Request,
                 state: State) -> dict[str, Any]:
     """Release the deepest pin on the prefix's cached path (404 if none)."""
@@ -78,7 +83,7 @@ async def unpin(body: p.CachePromptRequest, request: Request,
     return {"prompt_tokens": len(token_ids), "unpinned": True}
 
 
-@router.post("/lookup")
+@router.post("/lookup", response_model=info.LookupResponse, responses=PREFIX_ERRORS)
 async def lookup(body: p.CachePromptRequest, request: Request,
                  state: State) -> dict[str, Any]:
     """How many leading tokens of the prefix are cached now (changes nothing)."""
@@ -89,13 +94,13 @@ async def lookup(body: p.CachePromptRequest, request: Request,
     return {"prompt_tokens": len(token_ids), "cached_tokens": cached}
 
 
-@router.get("/stats")
+@router.get("/stats", response_model=info.CacheStats, responses=error_responses(503))
 async def stats(state: State) -> dict[str, Any]:
     """Cache and scheduler counters, read between engine steps."""
     return await call_engine(state, _stats_checked)
 
 
-@router.post("/reset")
+@router.post("/reset", response_model=info.ResetResponse, responses=error_responses(503))
 async def reset(state: State) -> dict[str, Any]:
     """Evict every evictable cached block (in-use and pinned blocks stay)."""
     return {"evicted_blocks": await call_engine(state, lambda llm: llm.cache.reset())}

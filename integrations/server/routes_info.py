@@ -6,27 +6,32 @@ import time
 from typing import Any
 
 from fastapi import APIRouter
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from prefixcache.integrations.server import protocol as p
+from prefixcache.integrations.server import protocol_info as info
 from prefixcache.integrations.server.engine_calls import call_engine, check_engine_running
-from prefixcache.integrations.server.errors import bad_request
-from prefixcache.integrations.server.sampling import render_messages, tokenize_text
+from prefixcache.integrations.server.errors import bad_request, error_responses
+from prefixcache.integrations.server.prompt_encoding import (
+    check_prompt_tokens,
+    render_messages,
+    tokenize_text,
+)
 from prefixcache.integrations.server.state import State
 
 router = APIRouter()
 STARTED = int(time.time())
 
 
-@router.get("/health")
+@router.get("/health", response_model=info.HealthResponse, responses=error_responses(503))
 async def health(state: State) -> dict[str, str]:
     """200 while the engine worker runs, 503 once it has stopped."""
     check_engine_running(state)
     return {"status": "ok"}
 
 
-@router.get("/v1/models")
+@router.get("/v1/models", response_model=info.ModelList)
 async def list_models(state: State) -> dict[str, Any]:
     return {
         "object": "list",
@@ -37,27 +42,32 @@ async def list_models(state: State) -> dict[str, Any]:
     }
 
 
-@router.post("/tokenize", response_model=None)
+@router.post("/tokenize", response_model=None, responses={
+    200: {"model": info.TokenizeResponse}, **error_responses(400, 404, 413)})
 async def tokenize(body: p.TokenizeRequest,
                    state: State) -> JSONResponse:
     """Token ids of ``prompt``, or of ``messages`` rendered by the chat template.
 
     Text longer than the context is counted too, not refused (as vLLM does): compare
-    ``count`` with ``max_model_len``. Text that is not valid Unicode is a 400. The answer is
-    written straight to JSON: FastAPI's generic encoding of a long id list would hold the
-    event loop for seconds."""
+    ``count`` with ``max_model_len``; only text over the server's prompt tokens per request
+    is a 400 (before tokenizing when its free lower bound already says so), as is text that
+    is not valid Unicode. The answer is written straight to JSON: FastAPI's generic encoding
+    of a long id list would hold the event loop for seconds."""
     state.check_model(body.model)
     if (body.prompt is None) == (body.messages is None):
         raise bad_request("give exactly one of prompt or messages", param="prompt")
-    if body.messages is not None:
-        tokens = await tokenize_text(state, render_messages(state, body.messages), "messages")
-    else:
-        tokens = await tokenize_text(state, body.prompt, "prompt")
+    param = "prompt" if body.messages is None else "messages"
+    text = body.prompt if body.messages is None else await render_messages(state, body.messages)
+    check_prompt_tokens(state, state.engine.llm.tokenizer.min_tokens(text), param,
+                        at_least=True)
+    tokens = await tokenize_text(state, text, param)
+    check_prompt_tokens(state, len(tokens), param)
     return JSONResponse({"tokens": tokens, "count": len(tokens),
                          "max_model_len": state.max_model_len})
 
 
-@router.post("/detokenize")
+@router.post("/detokenize", response_model=info.DetokenizeResponse,
+             responses=error_responses(400, 404, 413))
 async def detokenize(body: p.DetokenizeRequest,
                      state: State) -> dict[str, str]:
     state.check_model(body.model)
@@ -69,7 +79,10 @@ async def detokenize(body: p.DetokenizeRequest,
     return {"prompt": state.engine.tokenizer.decode(body.tokens, skip_special_tokens=False)}
 
 
-@router.get("/metrics")
+@router.get("/metrics", response_class=PlainTextResponse, responses={
+    200: {"description": "Prometheus text exposition format",
+          "content": {"text/plain": {"schema": {"type": "string"}}}},
+    **error_responses(503)})
 async def metrics(state: State) -> Response:
     """Prometheus text format: cache counters, KV usage, queue sizes, latency histograms."""
     stats = await call_engine(state, lambda llm: llm.stats())

@@ -21,17 +21,28 @@ from prefixcache.integrations.server.engine_calls import (
     merged_snapshots,
     unless_disconnected,
 )
-from prefixcache.integrations.server.errors import ApiError
-from prefixcache.integrations.server.sampling import (
-    check_fits,
+from prefixcache.integrations.server.errors import ApiError, error_responses
+from prefixcache.integrations.server.openapi_contract import sse_events
+from prefixcache.integrations.server.prompt_encoding import (
     encode_prompt,
+    encode_prompts,
     render_messages,
-    sampling_params,
 )
+from prefixcache.integrations.server.sampling import check_fits, sampling_params
 from prefixcache.integrations.server.state import ServerState, State, resolve_salt
 from prefixcache.integrations.server.unsupported import refuse_unsupported
 
 router = APIRouter()
+GENERATION_ERRORS = error_responses(400, 404, 413, 429, 500, 503)
+STREAM_CHUNKS = (p.CompletionResponse, p.ChatCompletionChunk)  # published with the schema
+
+
+def _json_or_stream(model: type[BaseModel], chunk: type[BaseModel]) -> dict:
+    """The 200 response of a generation route: ``model`` as JSON, or with ``"stream": true``
+    an SSE stream of ``data: <chunk>`` events (a last one may be an error body instead),
+    ending with ``data: [DONE]``."""
+    return {200: {"model": model, "content": {"text/event-stream": {
+        "schema": sse_events(chunk)}}}, **GENERATION_ERRORS}
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # the OpenAI default for /v1/completions
 
 
@@ -161,16 +172,14 @@ async def _whole(request: Request, prepared: _Prepared) -> list[RequestOutput]:
         prepared.ticket.release()
 
 
-@router.post("/v1/completions", response_model=None)
+@router.post("/v1/completions", response_model=None,
+             responses=_json_or_stream(p.CompletionResponse, p.CompletionResponse))
 async def create_completion(
     body: p.CompletionRequest, request: Request, state: State
 ) -> p.CompletionResponse | StreamingResponse:
     state.check_model(body.model)
     refuse_unsupported("completions", body.model_extra)
-    items = _prompt_list(body.prompt)
-    prompts = [await encode_prompt(state, prompt, "prompt",
-                                   f"prompt[{i}]" if len(items) > 1 else None)
-               for i, prompt in enumerate(items)]
+    prompts = await encode_prompts(state, _prompt_list(body.prompt), "prompt")
     prepared = _prepare(state, request, body, prompts, body.max_tokens,
                         COMPLETIONS_DEFAULT_MAX_TOKENS)
     response_id, model = p.new_id("cmpl"), state.model_name
@@ -194,13 +203,14 @@ async def create_completion(
                                 usage=_usage(outputs))
 
 
-@router.post("/v1/chat/completions", response_model=None)
+@router.post("/v1/chat/completions", response_model=None,
+             responses=_json_or_stream(p.ChatCompletionResponse, p.ChatCompletionChunk))
 async def create_chat_completion(
     body: p.ChatCompletionRequest, request: Request, state: State
 ) -> p.ChatCompletionResponse | StreamingResponse:
     state.check_model(body.model)
     refuse_unsupported("chat", body.model_extra)
-    prompt_text = render_messages(state, body.messages, body.tools)
+    prompt_text = await render_messages(state, body.messages, body.tools)
     prompts = [await encode_prompt(state, prompt_text, "messages")]
     max_tokens, max_tokens_param = _chat_max_tokens(body)
     prepared = _prepare(state, request, body, prompts, max_tokens, None, max_tokens_param)

@@ -10,6 +10,7 @@ from fastapi import Depends, Request
 from prefixcache.engine.async_llm import AsyncLLM
 from prefixcache.integrations.server.admission import Admission
 from prefixcache.integrations.server.errors import ApiError
+from prefixcache.integrations.server.limits import RequestLimits
 from prefixcache.integrations.server.metrics import ServerMetrics
 
 CACHE_SALT_HEADER = "x-cache-salt"
@@ -25,6 +26,12 @@ class ServerState:
     max_n: int = 16
     admission: Admission = field(default_factory=lambda: Admission(256))
     metrics: ServerMetrics = field(default_factory=ServerMetrics)
+    limits: RequestLimits | None = None  # None: the defaults for the engine's model
+    draining: bool = False  # set on shutdown: new requests and /health answer 503
+
+    def __post_init__(self) -> None:
+        if self.limits is None:
+            self.limits = RequestLimits.for_model(self.max_model_len)
 
     @property
     def max_model_len(self) -> int:

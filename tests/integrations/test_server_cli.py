@@ -5,38 +5,16 @@ from __future__ import annotations
 import signal
 import socket
 import subprocess
-import sys
-import time
 from pathlib import Path
 
 import httpx
 import openai
 import pytest
+from integration_helpers import CLI, free_port, subprocess_env, wait_for_health
 from typer.testing import CliRunner
 
 from prefixcache.integrations.cli import build_app
 from prefixcache.integrations.cli_serve import LogLevel
-
-CLI = [sys.executable, "-m", "prefixcache.integrations.cli"]
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-def wait_for_health(process: subprocess.Popen, url: str, deadline_s: float = 90.0) -> None:
-    end = time.monotonic() + deadline_s
-    while time.monotonic() < end:
-        assert process.poll() is None, process.communicate()[1]
-        try:
-            if httpx.get(url, timeout=2).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.2)
-    raise AssertionError("the server did not become healthy")
 
 
 def test_serve_command_runs_a_keyed_server(tiny_chat_dir: Path) -> None:
@@ -45,7 +23,7 @@ def test_serve_command_runs_a_keyed_server(tiny_chat_dir: Path) -> None:
         [*CLI, "serve", "--model", str(tiny_chat_dir), "--port", str(port), "--dtype",
          "float32", "--num-blocks", "64", "--block-size", "4", "--served-model-name", "tiny",
          "--log-level", "warning", "--max-body-bytes", "4096"],
-        env={**_env(), "PREFIXCACHE_API_KEY": "secret"},
+        env={**subprocess_env(), "PREFIXCACHE_API_KEY": "secret"},
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
     try:
@@ -72,12 +50,6 @@ def test_serve_rejects_a_missing_model(tmp_path: Path) -> None:
     assert result.exit_code == 2, result.output
     assert ("nothing" in result.output and result.exception is None) or \
         isinstance(result.exception, SystemExit)
-
-
-def _env() -> dict[str, str]:
-    import os
-
-    return {**os.environ, "PYTHONUNBUFFERED": "1"}
 
 
 def test_serve_rejects_an_unknown_device(tiny_chat_dir: Path) -> None:

@@ -49,6 +49,16 @@ BAD_BODIES = [
     ("/v1/completions", {**OK_COMPLETION, "top_p": 0.0}, 400, "top_p", None),
     ("/v1/completions", {**OK_COMPLETION, "stop": [""]}, 400, "stop", None),
     ("/v1/completions", {**OK_COMPLETION, "seed": 2**64}, 400, "seed", None),
+    # integers beyond 64 bits are refused where they enter, naming the field (as vLLM)
+    ("/v1/completions", {**OK_COMPLETION, "seed": 2**63}, 400, "seed", None),
+    ("/v1/completions", {**OK_COMPLETION, "seed": -(2**63) - 1}, 400, "seed", None),
+    ("/v1/completions", {**OK_COMPLETION, "top_k": 2**63}, 400, "top_k", None),
+    ("/v1/completions", {**OK_COMPLETION, "max_tokens": 2**64}, 400, "max_tokens", None),
+    ("/v1/completions", {**OK_COMPLETION, "n": 2**70}, 400, "n", None),
+    ("/v1/completions", {**OK_COMPLETION, "stop_token_ids": [2**63]}, 400, "stop_token_ids",
+     None),
+    ("/v1/chat/completions", {**CHAT_NO_LIMIT, "max_completion_tokens": 2**63}, 400,
+     "max_completion_tokens", None),
     ("/v1/completions", {**OK_COMPLETION, "cache_salt": 42}, 400, "cache_salt", None),
     ("/v1/completions", {**OK_COMPLETION, "cache_salt": ""}, 400, "cache_salt", None),
     ("/v1/completions", {**OK_COMPLETION, "cache_salt": "s" * 1000}, 400, "cache_salt", None),
@@ -56,6 +66,11 @@ BAD_BODIES = [
     ("/v1/chat/completions", {**OK_CHAT, "messages": [{"content": "no role"}]}, 400,
      "messages", None),
     ("/v1/chat/completions", {**OK_CHAT, "messages": "hi"}, 400, "messages", None),
+    # OpenAI's roles only
+    ("/v1/chat/completions", {**OK_CHAT, "messages": [{"role": "alien", "content": "x"}]},
+     400, "messages", "literal_error"),
+    ("/v1/chat/completions", {**OK_CHAT, "messages": [{"role": "", "content": "x"}]},
+     400, "messages", "literal_error"),
     ("/v1/chat/completions", {**OK_CHAT, "messages": [{"role": "user", "content": 7}]}, 400,
      "messages", None),
     ("/v1/chat/completions", {**OK_CHAT, "max_tokens": 0}, 400, "max_tokens", None),
@@ -142,7 +157,7 @@ def test_server_keeps_serving_after_bad_input(server: BackgroundServer) -> None:
 def test_largest_seed_with_several_samples(server: BackgroundServer) -> None:
     """Sample i draws from seed + i: past the seed range it wraps instead of failing the
     engine for every later request."""
-    body = {**OK_CHAT, "seed": 2**64 - 1, "n": 3, "temperature": 1.0}
+    body = {**OK_CHAT, "seed": 2**63 - 1, "n": 3, "temperature": 1.0}
     response = httpx.post(f"{server.base_url}/v1/chat/completions", json=body, timeout=30)
     assert response.status_code == 200 and len(response.json()["choices"]) == 3
     response = httpx.post(f"{server.base_url}/v1/completions", json=OK_COMPLETION, timeout=30)

@@ -13,7 +13,7 @@ from integration_helpers import SERVED_NAME, assert_openai_error, assert_server_
 
 from prefixcache.engine.async_llm import AsyncLLM
 from prefixcache.integrations.server import BackgroundServer, build_app
-from prefixcache.integrations.server.body_limit import default_max_body_bytes
+from prefixcache.integrations.server.limits import RequestLimits
 
 MAX_MODEL_LEN = 512  # the tiny model's context length
 SENTENCE = "The quick brown fox jumps. "
@@ -29,8 +29,8 @@ LONE_SURROGATES = [
      r'{"prompt": "ok", "max_tokens": 2, "stop": "\ud800", "stream": true}', "stop"),
     ("/v1/chat/completions",
      r'{"messages": [{"role": "user", "content": "\ud800"}], "max_tokens": 2}', "messages"),
-    ("/v1/chat/completions",
-     r'{"messages": [{"role": "\ud800", "content": "x"}], "max_tokens": 2}', "messages"),
+    ("/v1/chat/completions", r'{"messages": [{"role": "user", "content": "x", '
+     r'"name": "\ud800"}], "max_tokens": 2}', "messages"),
     ("/v1/chat/completions", r'{"messages": [{"role": "user", "content": '
      r'[{"type": "text", "text": "a\udc00"}]}], "max_tokens": 2}', "messages"),
     ("/tokenize", r'{"prompt": "\ud800 lone"}', "prompt"),
@@ -76,8 +76,8 @@ def test_tokenize_counts_text_longer_than_the_context(server: BackgroundServer) 
 
 
 def test_body_over_the_size_cap_is_a_413(server: BackgroundServer, engine: AsyncLLM) -> None:
-    limit = default_max_body_bytes(MAX_MODEL_LEN, engine.llm.tokenizer)
-    assert limit >= 16 * 6 * MAX_MODEL_LEN * engine.llm.tokenizer.max_token_bytes
+    limit = RequestLimits.for_model(MAX_MODEL_LEN).max_body_bytes
+    assert limit == max(1 << 20, 32 * 16 * MAX_MODEL_LEN)  # 32 bytes a token of 16 contexts
     over = b'{"max_tokens": 1, "prompt": "' + b"x" * limit + b'"}'
     declared = httpx.post(f"{server.base_url}/v1/completions", content=over, headers=JSON,
                           timeout=60)
@@ -100,8 +100,10 @@ def test_body_over_the_size_cap_is_a_413(server: BackgroundServer, engine: Async
 
 @pytest.fixture(scope="module")
 def roomy_server(engine: AsyncLLM) -> Iterator[BackgroundServer]:
-    """The same engine behind a 64 MiB body cap, so huge prompts reach the routes."""
-    app = build_app(engine, model_name=SERVED_NAME, max_body_bytes=64 << 20)
+    """The same engine behind a 64 MiB body cap and a prompt-token cap of 16 M, so huge
+    prompts reach the routes."""
+    app = build_app(engine, model_name=SERVED_NAME, max_body_bytes=64 << 20,
+                    max_prompt_tokens=1 << 24)
     with BackgroundServer(app) as running:
         yield running
 
