@@ -96,7 +96,8 @@ def serve(
         help="Prompts one /v1/completions request may carry (more: 400).", min=1)] = 256,
     max_prompt_tokens_per_request: Annotated[int | None, typer.Option(
         help="Prompt tokens one request may carry, all prompts together (more: 400; "
-             "default: 16 full contexts).", min=1, show_default=False)] = None,
+             "default: 16 full contexts, at most 131072 unless one is longer).", min=1,
+        show_default=False)] = None,
     shutdown_timeout: Annotated[float, typer.Option(
         help="Seconds SIGTERM lets requests in flight finish before aborting them.",
         min=0)] = 10.0,

@@ -87,7 +87,8 @@ async def snapshots(
 async def final_outputs(
     state: ServerState, prompts: Sequence[list[int]], params: SamplingParams, salt: str | None,
 ) -> list[RequestOutput]:
-    """Run every prompt concurrently to its end; results in prompt order."""
+    """Run every prompt concurrently to its end; results in prompt order. The first prompt
+    that fails (or a cancellation) aborts the others, so no request runs on unanswered."""
 
     async def last(token_ids: list[int]) -> RequestOutput:
         result = None
@@ -96,7 +97,14 @@ async def final_outputs(
         assert result is not None and result.finished
         return result
 
-    return list(await asyncio.gather(*(last(p) for p in prompts)))
+    tasks = [asyncio.ensure_future(last(p)) for p in prompts]
+    try:
+        return list(await asyncio.gather(*tasks))
+    except BaseException:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
 
 
 async def merged_snapshots(

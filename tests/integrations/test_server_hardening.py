@@ -15,6 +15,7 @@ from integration_helpers import (
     assert_server_clean,
     counter_value,
     make_llm,
+    wait_until_clean,
 )
 
 from prefixcache.engine.async_llm import AsyncLLM
@@ -98,11 +99,16 @@ def test_an_engine_failure_is_a_500_for_its_request_alone(faulty_server) -> None
     url = f"{server.base_url}/v1/completions"
     body = {"model": SERVED_NAME, "max_tokens": 6, "ignore_eos": True, "temperature": 0.0}
     alone = httpx.post(url, json={**body, "prompt": "a clean prompt"}, timeout=60).json()
-    # the same clean prompt, batched with a poisoned one in one request: it still answers
-    mixed = httpx.post(url, json={**body, "prompt": ["a clean prompt", f"a {POISON} prompt"]},
-                       timeout=60)
+    # a clean prompt batched with a poisoned one in one request: the request answers 500, and
+    # its clean sibling (480 tokens to go) is aborted rather than run on unanswered
+    mixed = httpx.post(url, timeout=60, json={
+        **body, "max_tokens": 480, "prompt": ["a clean prompt", f"a {POISON} prompt"]})
     error = assert_openai_error(mixed, 500, code="internal_error")
     assert "injected forward fault" in error["message"]
+    wait_until_clean(server.base_url)
+    metrics = httpx.get(f"{server.base_url}/metrics", timeout=10).text
+    assert counter_value(metrics, 'prefixcache_request_success_total{finish_reason="abort"}') \
+        == 1
     chat = httpx.post(f"{server.base_url}/v1/chat/completions", timeout=60, json={
         **body, "messages": [{"role": "user", "content": f"{POISON}!"}], "stream": True})
     events = [json.loads(line[6:]) if line != "data: [DONE]" else "[DONE]"
