@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import time
-from typing import Any
 
 from fastapi import APIRouter
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
@@ -18,7 +17,7 @@ from prefixcache.integrations.server.prompt_encoding import (
     render_messages,
     tokenize_text,
 )
-from prefixcache.integrations.server.state import State
+from prefixcache.integrations.server.state import ServerState, State
 
 router = APIRouter()
 STARTED = int(time.time())
@@ -31,15 +30,22 @@ async def health(state: State) -> dict[str, str]:
     return {"status": "ok"}
 
 
+def _model_card(state: ServerState) -> info.ModelCard:
+    return info.ModelCard(id=state.model_name, created=STARTED, owned_by="prefixcache",
+                          max_model_len=state.max_model_len)
+
+
 @router.get("/v1/models", response_model=info.ModelList)
-async def list_models(state: State) -> dict[str, Any]:
-    return {
-        "object": "list",
-        "data": [{
-            "id": state.model_name, "object": "model", "created": STARTED,
-            "owned_by": "prefixcache", "max_model_len": state.max_model_len,
-        }],
-    }
+async def list_models(state: State) -> info.ModelList:
+    return info.ModelList(data=[_model_card(state)])
+
+
+@router.get("/v1/models/{model_id:path}", response_model=info.ModelCard,
+            responses=error_responses(404))
+async def retrieve_model(model_id: str, state: State) -> info.ModelCard:
+    """The served model's card (OpenAI's ``models.retrieve``); 404 for any other id."""
+    state.check_model(model_id)
+    return _model_card(state)
 
 
 @router.post("/tokenize", response_model=None, responses={

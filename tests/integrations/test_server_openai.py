@@ -176,6 +176,9 @@ def test_chat_n_and_max_completion_tokens(client, server) -> None:
 
 def test_models_health_tokenize_detokenize(client, server) -> None:
     assert [m.id for m in client.models.list().data] == [SERVED_NAME]
+    assert client.models.retrieve(SERVED_NAME).id == SERVED_NAME
+    with pytest.raises(openai.NotFoundError):
+        client.models.retrieve("gpt-9")
     assert httpx.get(f"{server.base_url}/health").json() == {"status": "ok"}
     tokens = httpx.post(f"{server.base_url}/tokenize", json={"prompt": "hello"}).json()
     assert tokens["count"] == len(tokens["tokens"]) > 0

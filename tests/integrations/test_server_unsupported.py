@@ -30,6 +30,9 @@ REFUSED = [
     ("/v1/chat/completions", CHAT, "frequency_penalty", 0.1),
     ("/v1/chat/completions", CHAT, "logit_bias", {"1": 5}),
     ("/v1/chat/completions", CHAT, "response_format", {"type": "json_object"}),
+    ("/v1/chat/completions", CHAT, "tool_choice", "required"),
+    ("/v1/chat/completions", CHAT, "tool_choice",
+     {"type": "function", "function": {"name": "weather"}}),
 ]
 
 NEUTRAL = [
@@ -40,6 +43,8 @@ NEUTRAL = [
                               "presence_penalty": 0.0, "frequency_penalty": 0,
                               "logit_bias": None, "response_format": {"type": "text"},
                               "user": "someone", "a_field_no_api_has": [1, 2]}),
+    ("/v1/chat/completions", {**CHAT, "tool_choice": "auto"}),
+    ("/v1/chat/completions", {**CHAT, "tool_choice": "none", "parallel_tool_calls": False}),
 ]
 
 
