@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from prefixcache import PrefixCache
+from prefixcache.engine.logits_processors import process_logits, rows_to_process
 from prefixcache.engine.model_runner import ModelRunner
 from prefixcache.engine.outputs import (
     INTERNAL_ERROR,
@@ -138,10 +139,16 @@ class EngineCore:
         groups = [self._by_request[request] for request in sampled]
         logits: torch.Tensor | None = None  # [num_sampled, vocab], when a row samples
         try:
-            if all(group.params.greedy for group in groups):
+            if all(g.params.greedy and not g.params.modifies_logits for g in groups):
                 greedy = self.runner.execute_greedy(out)  # [num_sampled] token ids
             else:
                 logits = self.runner.execute(out)
+                if rows := rows_to_process(sampled):
+                    with torch.inference_mode():  # the runner's logits are inference tensors
+                        processed = logits[rows]
+                        process_logits(processed, [sampled[r] for r in rows],
+                                       self.eos_token_ids)
+                        logits[rows] = processed
                 # One argmax over the batch instead of one per greedy row.
                 if any(group.params.greedy for group in groups):
                     greedy = logits.argmax(dim=-1).tolist()

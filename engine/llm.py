@@ -199,6 +199,11 @@ class LLM:
         check_salt(salt)
         if not isinstance(params, SamplingParams):
             raise TypeError(f"params must be SamplingParams, got {type(params).__name__}")
+        vocab = self.config.vocab_size
+        outside = [token for token in params.logit_bias if token >= vocab]
+        if outside:
+            raise ValueError(f"logit_bias token id {outside[0]} is outside the vocabulary "
+                             f"[0, {vocab})")
         needed = -(
             -min(len(token_ids) + params.max_tokens, self.max_model_len) // self.cache.block_size
         )

@@ -9,6 +9,8 @@ probabilities that are not a distribution.
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from prefixcache.engine.sampling_params import SamplingParams
@@ -32,13 +34,16 @@ def sample_token(
     generator: torch.Generator | None,
 ) -> int:
     """Greedy when temperature is (below the greedy epsilon of) 0; otherwise temperature, then
-    top-k, then top-p. Always a token id in [0, vocab)."""
+    min-p, then top-k, then top-p. Always a token id in [0, vocab)."""
     if params.greedy:
         return int(torch.argmax(logits))
     scores = torch.nan_to_num(logits.double(), nan=float("-inf")) / params.temperature
     if not torch.isfinite(scores).any():  # nothing to draw from: the row's best, if any
         return int(torch.argmax(scores))
     scores = scores.clamp(max=torch.finfo(torch.float64).max)  # +inf logits: the top scores
+    if params.min_p > 0.0:  # relative to the likeliest: log p < log p_max + log min_p
+        scores = scores.masked_fill(scores < scores.max() + math.log(params.min_p),
+                                    float("-inf"))
     if params.top_k > 0 and params.top_k < scores.shape[0]:
         kth = torch.topk(scores, params.top_k).values[-1]
         scores = scores.masked_fill(scores < kth, float("-inf"))

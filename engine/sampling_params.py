@@ -8,6 +8,7 @@ SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1  # the seeds a torch.Generator takes
 # Temperatures below this are greedy (vLLM's rule): dividing logits by them would only
 # overflow, and the distribution they describe is the argmax to within float precision.
 GREEDY_TEMPERATURE_EPS = 1e-5
+MAX_REPETITION_PENALTY = 10.0  # far past any useful value; bounds what a client can send
 
 
 @dataclass
@@ -22,6 +23,16 @@ class SamplingParams:
     strings and ``stop_token_ids`` end generation (a stop string is cut from the text unless
     ``include_stop_str_in_output``).
     ``n`` samples share the prompt's KV blocks by reference count (copy-on-write).
+
+    Logit processing, as OpenAI and vLLM define it (``logits_processors``): ``logit_bias``
+    adds a value in [-100, 100] to a token's logit; ``min_tokens`` keeps EOS and the stop
+    token ids from being sampled (and stop strings from matching) until that many tokens
+    are out; ``repetition_penalty`` (> 0, 1: off) divides a positive logit, multiplies a
+    negative one, of every token seen in the prompt or the output; ``frequency_penalty`` and
+    ``presence_penalty`` (in [-2, 2]) subtract that much per occurrence of a token in the
+    output, and once for its presence; ``min_p`` (in [0, 1]) drops, after temperature, the
+    tokens less likely than ``min_p`` times the likeliest. A greedy request with any of them
+    takes the argmax of the processed logits.
     """
 
     max_tokens: int = 16
@@ -34,6 +45,12 @@ class SamplingParams:
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False
     include_stop_str_in_output: bool = False
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logit_bias: dict[int, float] = field(default_factory=dict)
+    min_tokens: int = 0
+    min_p: float = 0.0
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -63,10 +80,44 @@ class SamplingParams:
             raise TypeError("stop must be a string or a list of non-empty strings")
         for token in self.stop_token_ids:
             _check_int("stop_token_ids entry", token, minimum=0)
+        _check_number("presence_penalty", self.presence_penalty, -2.0, 2.0)
+        _check_number("frequency_penalty", self.frequency_penalty, -2.0, 2.0)
+        _check_number("repetition_penalty", self.repetition_penalty, 0.0, MAX_REPETITION_PENALTY,
+                      open_low=True)
+        _check_number("min_p", self.min_p, 0.0, 1.0)
+        _check_int("min_tokens", self.min_tokens, minimum=0)
+        if self.min_tokens > self.max_tokens:
+            raise ValueError(f"min_tokens ({self.min_tokens}) must not exceed max_tokens "
+                             f"({self.max_tokens})")
+        if not isinstance(self.logit_bias, dict):
+            raise TypeError(f"logit_bias must be a dict of token id -> bias, got "
+                            f"{type(self.logit_bias).__name__}")
+        for token, bias in self.logit_bias.items():
+            _check_int("logit_bias key", token, minimum=0)
+            _check_number(f"logit_bias[{token}]", bias, -100.0, 100.0)
+
+    @property
+    def modifies_logits(self) -> bool:
+        """Whether a logit processor or ``min_p`` applies (the engine then computes this
+        request's full logits, even when it is greedy)."""
+        return bool(self.logit_bias or self.min_tokens or self.presence_penalty
+                    or self.frequency_penalty or self.repetition_penalty != 1.0 or self.min_p)
 
     @property
     def greedy(self) -> bool:
         return self.temperature < GREEDY_TEMPERATURE_EPS
+
+
+def _check_number(name: str, value: object, low: float, high: float,
+                  open_low: bool = False) -> None:
+    """TypeError unless ``value`` is an int or float (not a bool), ValueError unless it lies
+    in [low, high] ((low, high] with ``open_low``; NaN never does)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a number, got {type(value).__name__}")
+    inside = (low < value if open_low else low <= value) and value <= high
+    if not inside:
+        interval = f"({low:g}, {high:g}]" if open_low else f"[{low:g}, {high:g}]"
+        raise ValueError(f"{name} must be in {interval}, got {value}")
 
 
 def _check_int(name: str, value: object, minimum: int | None) -> None:

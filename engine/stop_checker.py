@@ -78,6 +78,8 @@ def check_stop(
     """
     params = request.params
     token = int(request.tokens[request.num_tokens - 1])
+    if request.num_output_tokens < params.min_tokens:  # too early for a stop (as vLLM)
+        return "length" if request.num_tokens >= max_model_len else None
     if not params.ignore_eos and token in eos_token_ids:
         request.stop_reason = None
         return "stop"

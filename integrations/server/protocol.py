@@ -68,6 +68,13 @@ class SamplingFields(StrictRequest):
     stop: PromptText | Texts | None = None
     stop_token_ids: list[Annotated[Int64, checked(minimum=0)]] | None = None  # as vLLM's
     include_stop_str_in_output: bool = False
+    presence_penalty: Annotated[float, checked(minimum=-2, maximum=2)] = 0.0
+    frequency_penalty: Annotated[float, checked(minimum=-2, maximum=2)] = 0.0
+    logit_bias: dict[str, Annotated[float, checked(minimum=-100, maximum=100)]] | None = None
+    # vLLM's extensions
+    repetition_penalty: Annotated[float, checked(exclusiveMinimum=0, maximum=10)] = 1.0
+    min_p: Annotated[float, checked(minimum=0, maximum=1)] = 0.0
+    min_tokens: Annotated[Int64, checked(minimum=0)] = 0
     stream: bool = False
     stream_options: StreamOptions | None = None
     ignore_eos: bool = False

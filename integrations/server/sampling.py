@@ -56,6 +56,10 @@ def sampling_params(
             top_k=request.top_k, seed=request.seed, n=request.n, stop=stop,
             stop_token_ids=request.stop_token_ids or [], ignore_eos=request.ignore_eos,
             include_stop_str_in_output=request.include_stop_str_in_output,
+            presence_penalty=request.presence_penalty,
+            frequency_penalty=request.frequency_penalty,
+            repetition_penalty=request.repetition_penalty, min_p=request.min_p,
+            min_tokens=request.min_tokens, logit_bias=_logit_bias(request.logit_bias),
         )
     except (TypeError, ValueError) as error:
         param = _param_named_in(str(error))
@@ -65,20 +69,38 @@ def sampling_params(
 
 def check_fits(state: ServerState, token_ids: list[int], params: SamplingParams,
                salt: str | None, max_tokens_param: str = "max_tokens") -> None:
-    """400 for a bad salt or a request the KV pool could never hold (``max_tokens_param``
-    names the field to lower)."""
+    """400 for a bad salt, a logit bias outside the vocabulary, or a request the KV pool could
+    never hold (``max_tokens_param`` names the field to lower)."""
     try:
         state.engine.llm.check_request(token_ids, params, salt)
     except TypeError as error:
         raise bad_request(str(error), param="cache_salt", code="invalid_cache_salt") from error
     except ValueError as error:
+        if str(error).startswith("logit_bias"):  # a token id outside the vocabulary
+            raise bad_request(str(error), param="logit_bias") from error
         raise ApiError(400, str(error), param=max_tokens_param, code=CONTEXT_CODE) from error
 
 
+def _logit_bias(bias: dict[str, float] | None) -> dict[int, float]:
+    """OpenAI's ``logit_bias`` (token ids as JSON object keys) with int keys; 400 naming
+    ``logit_bias`` for a key that is not a token id."""
+    result = {}
+    for key, value in (bias or {}).items():
+        if not (key.isascii() and key.isdigit()):
+            raise bad_request(f"logit_bias keys must be token ids, got {key!r}",
+                              param="logit_bias")
+        result[int(key)] = value
+    return result
+
+
+# "stop_token_ids" before "stop", "min_tokens" before "n"...: messages start with the field
+SAMPLING_FIELDS = ("stop_token_ids", "temperature", "max_tokens", "top_p", "top_k", "seed",
+                   "stop", "presence_penalty", "frequency_penalty", "repetition_penalty",
+                   "min_p", "min_tokens", "logit_bias", "n")
+
+
 def _param_named_in(message: str) -> str | None:
-    # "stop_token_ids" before "stop": its messages start with both
-    for name in ("stop_token_ids", "temperature", "max_tokens", "top_p", "top_k", "seed",
-                 "stop", "n"):
+    for name in SAMPLING_FIELDS:
         if message.startswith(name):
             return name
     return None

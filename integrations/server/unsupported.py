@@ -1,10 +1,10 @@
 """OpenAI request fields this server does not honour: refused, not silently dropped.
 
-A client that asks for log probabilities, penalties, a logit bias or a JSON response format
-and gets an answer without them cannot tell; OpenAI itself answers 400 naming the parameter
+A client that asks for log probabilities or a JSON response format and gets an answer without
+them cannot tell; OpenAI itself answers 400 naming the parameter
 when a model does not support one. Unknown fields stay ignored (clients add their own), and
 each field here passes at its neutral value, which some clients send by default
-(``"logprobs": false``, ``"presence_penalty": 0``).
+(``"logprobs": false``, ``"top_logprobs": 0``).
 """
 
 from __future__ import annotations
@@ -26,16 +26,9 @@ def _absent_or(*neutral: Any) -> Callable[[Any], bool]:
     )
 
 
-def _zero(value: Any) -> bool:
-    return value is None or (type(value) in (int, float) and value == 0)
-
-
 # field -> whether a value of it asks for nothing this server would leave out
 _BOTH: dict[str, Callable[[Any], bool]] = {
     "logprobs": _absent_or(False),
-    "logit_bias": _absent_or({}),
-    "presence_penalty": _zero,
-    "frequency_penalty": _zero,
 }
 NEUTRAL: dict[str, dict[str, Callable[[Any], bool]]] = {
     "completions": {**_BOTH, "echo": _absent_or(False), "suffix": _absent_or(""),

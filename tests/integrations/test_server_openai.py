@@ -219,3 +219,27 @@ def test_chat_with_tool_messages_and_content_parts(client, server) -> None:
                                            max_tokens=2)
     assert reply.usage.completion_tokens == 2
     assert_server_clean(server.base_url)
+
+
+def test_penalties_logit_bias_and_min_tokens(client, server) -> None:
+    """OpenAI's penalties and logit bias, vLLM's repetition_penalty / min_p / min_tokens: a
+    bias of 100 forces its token; each bad value is a 400 naming its field."""
+    forced = client.completions.create(model=SERVED_NAME, prompt=PROMPT, max_tokens=5,
+                                       temperature=0.0, logit_bias={"42": 100},
+                                       extra_body={"ignore_eos": True})
+    token = httpx.post(f"{server.base_url}/detokenize", json={"tokens": [42]}).json()["prompt"]
+    assert forced.choices[0].text == token * 5
+    reply = client.chat.completions.create(
+        model=SERVED_NAME, messages=[{"role": "user", "content": "hi"}], max_tokens=6,
+        temperature=0.7, seed=3, presence_penalty=0.5, frequency_penalty=1.0,
+        extra_body={"repetition_penalty": 1.3, "min_p": 0.1, "min_tokens": 6})
+    assert reply.usage.completion_tokens == 6
+    for field, value in [("presence_penalty", 2.5), ("frequency_penalty", -3.0),
+                         ("repetition_penalty", 0), ("min_p", 1.5), ("min_tokens", 7),
+                         ("logit_bias", {"x": 1}), ("logit_bias", {"999999": 1}),
+                         ("logit_bias", {"5": 101})]:
+        with pytest.raises(openai.BadRequestError) as raised:
+            client.completions.create(model=SERVED_NAME, prompt="x", max_tokens=6,
+                                      extra_body={field: value})
+        assert raised.value.param == field, (field, value, raised.value.message)
+    assert_server_clean(server.base_url)
