@@ -154,3 +154,20 @@ def test_cpu_linear_f32_quick(tmp_path):
     for row in result["rows"]:
         assert math.isclose(row["compiled_of_peak"], row["compiled_gflops"] / peak)
         assert math.isclose(row["vs_against"], row["compiled_s"] / row["against_s"])
+
+
+def test_soak_short_run(tmp_path):
+    """A short soak against a real `prefixcache serve`: every answer expected, no block left
+    in use, the cache's invariants checked (RSS growth is the full run's verdict, not this)."""
+    out = tmp_path / "soak.json"
+    completed = subprocess.run(
+        [sys.executable, str(BENCHMARKS / "soak.py"), "--requests", "60", "--warmup", "30",
+         "--sample-every", "20", "--concurrency", "8", "--out", str(out)],
+        capture_output=True, text=True, timeout=600, check=False,
+    )
+    assert out.exists(), completed.stderr
+    result = json.loads(out.read_text())
+    assert sum(result["outcomes"].values()) == 60
+    assert result["unexpected"] == []
+    assert result["end"]["status"] == 200 and not result["end"]["blocks_leaked"]
+    assert {"rss_warmup", "rss_final", "growth_max_pct"} <= set(result["growth"])

@@ -4,18 +4,20 @@ Every check a client can fail answers 400 with the offending ``param`` named: pr
 the context length, text that is not valid Unicode, ids outside the vocabulary, more prompts
 or more prompt tokens than one request may carry (``RequestLimits``).
 
-Nothing long runs on the event loop: chat messages are rendered, and long text tokenized, in
-a worker thread (the tokenizer releases the GIL for long text; rendering is Python code, which
-lets the loop in at every switch interval). Text that cannot fit whatever its tokens (the
-free bound ``Tokenizer.min_tokens``) is refused before anything is tokenized.
+Nothing long runs on the event loop: chat messages are rendered, and long text tokenized, on
+one of two long-lived prompt threads (``on_prompt_thread``; the tokenizer releases the GIL for
+long text; rendering is Python code, which lets the loop in at every switch interval). Text
+that cannot fit whatever its tokens (the free bound ``Tokenizer.min_tokens``) is refused
+before anything is tokenized.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Any
-
-from starlette.concurrency import run_in_threadpool
+import asyncio
+import functools
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
 
 from prefixcache.engine.tokenizer import LONG_TEXT_CHARS, InvalidTextError, check_text
 from prefixcache.integrations.server.errors import ApiError, bad_request
@@ -28,6 +30,18 @@ TOO_MANY_PROMPTS_CODE = "too_many_prompts"
 TOO_MANY_TOKENS_CODE = "too_many_prompt_tokens"
 
 Prompt = str | Sequence[int]
+T = TypeVar("T")
+_PROMPT_THREADS = ThreadPoolExecutor(2, thread_name_prefix="prefixcache-prompt")
+
+
+async def on_prompt_thread(function: Callable[..., T], *args: Any) -> T:
+    """``function(*args)`` on one of two long-lived threads (shared by every app in the
+    process) while the loop serves other requests. Not anyio's pool (``run_in_threadpool``):
+    its up to 40 threads exit after 10 s idle and new ones start under load, and glibc gives
+    each new thread a malloc arena (up to 8 per core) that keeps its high-water mark; text
+    past the context takes up to 64 MiB to tokenize, so RSS rose with every new thread."""
+    return await asyncio.get_running_loop().run_in_executor(
+        _PROMPT_THREADS, functools.partial(function, *args))
 
 
 def _tokenize_now(state: ServerState, text: str, param: str, where: str | None) -> list[int]:
@@ -48,7 +62,7 @@ async def tokenize_text(state: ServerState, text: str, param: str,
     Long text is tokenized in a worker thread, so the event loop keeps serving."""
     if len(text) <= LONG_TEXT_CHARS:  # quick: no thread hop
         return _tokenize_now(state, text, param, where)
-    return await run_in_threadpool(_tokenize_now, state, text, param, where)
+    return await on_prompt_thread(_tokenize_now, state, text, param, where)
 
 
 def _context_error(num_tokens: int, state: ServerState, param: str, where: str | None, *,
@@ -117,7 +131,7 @@ async def encode_prompts(state: ServerState, prompts: Sequence[Prompt],
                 for prompt, w in zip(prompts, where, strict=True)]
 
     size = sum(len(prompt) for prompt in prompts)
-    encoded = encode_all() if size <= LONG_TEXT_CHARS else await run_in_threadpool(encode_all)
+    encoded = encode_all() if size <= LONG_TEXT_CHARS else await on_prompt_thread(encode_all)
     check_prompt_tokens(state, sum(map(len, encoded)), param)
     return encoded
 
@@ -150,7 +164,7 @@ async def render_messages(state: ServerState, messages: Sequence[ChatMessage],
                           tools: list[dict[str, Any]] | None = None) -> str:
     """The chat template's prompt text for ``messages``, rendered in a worker thread; 400 if
     the model has no template, a text is not valid Unicode, or the template refuses them."""
-    return await run_in_threadpool(_render_now, state, messages, tools)
+    return await on_prompt_thread(_render_now, state, messages, tools)
 
 
 def check_texts(value: Any, path: str, param: str) -> None:

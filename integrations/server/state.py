@@ -48,7 +48,9 @@ class ServerState:
             )
 
 
-def get_state(request: Request) -> ServerState:
+async def get_state(request: Request) -> ServerState:
+    """The app's state (async: FastAPI runs a plain function dependency on a worker thread,
+    one hop per request for a lookup)."""
     return request.app.state.server
 
 
