@@ -21,6 +21,7 @@ import platform
 import statistics
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -28,7 +29,8 @@ from bench_report import write_json
 
 WIDE = {"max_body_bytes": 63_700_992, "max_prompts": 1 << 30, "max_prompt_tokens": 1 << 40}
 JSON_HEADERS = {"content-type": "application/json"}
-WIDE_REQUESTS = ("ids filling the body cap", "chat messages filling the body cap")
+WIDE_REQUESTS = ("ids filling the body cap",)  # 2 M chat messages would take GBs to hold
+POLL_INTERVAL_S = 0.01  # a probe, not a load: /health itself answers in about 1 ms
 
 
 class HealthProbe:
@@ -42,7 +44,7 @@ class HealthProbe:
 
     def _poll(self) -> None:
         with httpx.Client(base_url=self.base_url, timeout=600) as client:
-            while not self._stop.is_set():
+            while not self._stop.wait(POLL_INTERVAL_S):
                 start = time.perf_counter()
                 client.get("/health")
                 self.samples.append((start, time.perf_counter() - start))
@@ -59,48 +61,57 @@ class HealthProbe:
         return [s for begun, s in self.samples if begun <= end and begun + s >= start]
 
 
-def requests(limits, tokenizer, quick: bool) -> list[tuple[str, str, bytes]]:
-    """(name, route, raw body) of the requests to time."""
+def requests(limits, tokenizer, quick: bool) -> list[tuple[str, str, Callable[[], bytes]]]:
+    """(name, route, a function making the raw body) of the requests to time."""
     scale = 8 if quick else 1
     per_prompt = limits.max_prompt_tokens // limits.max_prompts // scale
     unit = " hello"
-    text = unit * (per_prompt // len(tokenizer.encode(unit)))
     body_bytes = limits.max_body_bytes // scale
-    ids = ",".join(["7"] * ((body_bytes - 64) // 2))
     message = '{"role":"user","content":"m"}'
-    messages = ",".join([message] * ((body_bytes - 64) // (len(message) + 1)))
 
     def completion(**fields) -> bytes:
         return json.dumps({"model": "smollm2", "max_tokens": 1, **fields}).encode()
 
+    def texts() -> bytes:
+        text = unit * (per_prompt // len(tokenizer.encode(unit)))
+        return completion(prompt=[text] * limits.max_prompts)
+
+    def ids() -> bytes:
+        many = ",".join(["7"] * ((body_bytes - 64) // 2))
+        return f'{{"max_tokens":1,"prompt":[{many}]}}'.encode()
+
+    def messages() -> bytes:
+        many = ",".join([message] * ((body_bytes - 64) // (len(message) + 1)))
+        return f'{{"max_tokens":1,"messages":[{many}]}}'.encode()
+
     return [
-        ("256 text prompts at the token cap", "/v1/completions",
-         completion(prompt=[text] * limits.max_prompts)),
+        ("256 text prompts at the token cap", "/v1/completions", texts),
         ("256 id prompts at the token cap", "/v1/completions",
-         completion(prompt=[[7] * per_prompt] * limits.max_prompts)),
-        ("ids filling the body cap", "/v1/completions",
-         f'{{"max_tokens":1,"prompt":[{ids}]}}'.encode()),
-        ("chat messages filling the body cap", "/v1/chat/completions",
-         f'{{"max_tokens":1,"messages":[{messages}]}}'.encode()),
+         lambda: completion(prompt=[[7] * per_prompt] * limits.max_prompts)),
+        ("ids filling the body cap", "/v1/completions", ids),
+        ("chat messages filling the body cap", "/v1/chat/completions", messages),
         ("748,982 two-letter prompts", "/v1/completions",
-         completion(prompt=["ab"] * (748_982 // scale))),
+         lambda: completion(prompt=["ab"] * (748_982 // scale))),
         ("temperature 5e-324", "/v1/completions",
-         completion(prompt="Hello", max_tokens=4, temperature=5e-324)),
+         lambda: completion(prompt="Hello", max_tokens=4, temperature=5e-324)),
     ]
 
 
 def run_server(engine, name: str, caps: dict, quick: bool, only: tuple[str, ...] = ()
                ) -> list[dict]:
     """Time the requests (``only`` those named, if given) against a server with ``caps``."""
+    from prefixcache.integrations.cli_serve import freeze_startup_heap
     from prefixcache.integrations.server import BackgroundServer, build_app
 
     app = build_app(engine, model_name="smollm2", **caps)
+    freeze_startup_heap()  # as `prefixcache serve` does
     limits = app.state.server.limits
     rows = []
     with BackgroundServer(app) as server, HealthProbe(server.base_url) as probe:
-        for label, route, body in requests(limits, engine.llm.tokenizer, quick):
+        for label, route, make_body in requests(limits, engine.llm.tokenizer, quick):
             if only and label not in only:
                 continue
+            body = make_body()
             start = time.perf_counter()
             response = httpx.post(f"{server.base_url}{route}", content=body, timeout=600,
                                   headers=JSON_HEADERS)
@@ -116,7 +127,7 @@ def run_server(engine, name: str, caps: dict, quick: bool, only: tuple[str, ...]
             print(f"{name:8s} {label:36s} {len(body) / 2**20:7.2f} MiB  "
                   f"{response.status_code} {(error or {}).get('code') or '':24s} "
                   f"{end - start:7.3f} s  /health max {max(health):7.3f} s "
-                  f"median {statistics.median(health):6.3f} s")
+                  f"median {statistics.median(health):6.3f} s", flush=True)
     return rows
 
 

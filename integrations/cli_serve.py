@@ -15,6 +15,7 @@ are checked before it loads, and any failure to load the model is one message to
 
 from __future__ import annotations
 
+import gc
 import logging
 import socket
 from enum import Enum
@@ -134,6 +135,7 @@ def serve(
                         max_pending=max_pending, max_body_bytes=max_body_bytes,
                         max_prompts=max_prompts_per_request,
                         max_prompt_tokens=max_prompt_tokens_per_request)
+        freeze_startup_heap()
         config = uvicorn.Config(app, host=host, port=port, log_level=log_level.value,
                                 lifespan="off")
         server = DrainingServer(config, app.state.server, shutdown_timeout)
@@ -142,6 +144,16 @@ def serve(
         engine.shutdown()
     if server.force_exit:
         raise typer.Exit(1)
+
+
+def freeze_startup_heap() -> None:
+    """Move every object alive after loading (the model's modules, the app, ~220 K objects for
+    SmolLM2) out of the garbage collector's reach, as long-running Python servers do: a full
+    collection traversed them all, 105-113 ms with every thread stopped (the event loop and the
+    engine's steps alike), and now takes under a millisecond. Objects made later are collected
+    as before."""
+    gc.collect()
+    gc.freeze()
 
 
 def _log_to_stderr(level: str) -> None:
