@@ -19,46 +19,17 @@ import argparse
 import json
 import platform
 import statistics
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import httpx
 from bench_report import write_json
+from health_probe import HealthProbe
 
 WIDE = {"max_body_bytes": 63_700_992, "max_prompts": 1 << 30, "max_prompt_tokens": 1 << 40}
 JSON_HEADERS = {"content-type": "application/json"}
 WIDE_REQUESTS = ("ids filling the body cap",)  # 2 M chat messages would take GBs to hold
-POLL_INTERVAL_S = 0.01  # a probe, not a load: /health itself answers in about 1 ms
-
-
-class HealthProbe:
-    """Polls /health from a thread; ``during(start, end)`` gives the latencies that overlap."""
-
-    def __init__(self, base_url: str) -> None:
-        self.base_url = base_url
-        self.samples: list[tuple[float, float]] = []  # (start, seconds)
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._poll, daemon=True)
-
-    def _poll(self) -> None:
-        with httpx.Client(base_url=self.base_url, timeout=600) as client:
-            while not self._stop.wait(POLL_INTERVAL_S):
-                start = time.perf_counter()
-                client.get("/health")
-                self.samples.append((start, time.perf_counter() - start))
-
-    def __enter__(self) -> HealthProbe:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self._stop.set()
-        self._thread.join(600)
-
-    def during(self, start: float, end: float) -> list[float]:
-        return [s for begun, s in self.samples if begun <= end and begun + s >= start]
 
 
 def requests(limits, tokenizer, quick: bool) -> list[tuple[str, str, Callable[[], bytes]]]:

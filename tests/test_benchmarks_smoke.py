@@ -171,3 +171,14 @@ def test_soak_short_run(tmp_path):
     assert result["unexpected"] == []
     assert result["end"]["status"] == 200 and not result["end"]["blocks_leaked"]
     assert {"rss_warmup", "rss_final", "growth_max_pct"} <= set(result["growth"])
+
+
+def test_loop_stall_quick(tmp_path):
+    result = run_quick("loop_stall.py", tmp_path / "loop_stall.json")
+    statuses = {(row["server"], row["request"]): (row["status"], row["code"])
+                for row in result["rows"]}
+    assert statuses[("default", "256 text prompts at the token cap")] == (200, None)
+    assert statuses[("default", "ids filling the body cap")] == (400, "too_many_prompt_tokens")
+    assert statuses[("default", "temperature 5e-324")] == (200, None)
+    assert statuses[("wide", "ids filling the body cap")][0] == 400
+    assert all(row["health_samples"] > 0 for row in result["rows"])

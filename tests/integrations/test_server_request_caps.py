@@ -4,9 +4,10 @@ while the largest allowed requests are in flight."""
 
 from __future__ import annotations
 
-import threading
+import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import pytest
@@ -15,6 +16,9 @@ from integration_helpers import SERVED_NAME, assert_openai_error, assert_server_
 from prefixcache.engine.async_llm import AsyncLLM
 from prefixcache.integrations.server import BackgroundServer, build_app
 from prefixcache.integrations.server.limits import RequestLimits
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+from health_probe import HealthProbe
 
 MAX_MODEL_LEN = 512  # the tiny model's context length
 HEALTH_BOUND_S = 0.5
@@ -66,36 +70,6 @@ def test_default_limits_follow_the_context_length() -> None:
         RequestLimits.for_model(512, max_prompts=0)
 
 
-class HealthProbe:
-    """Polls /health on its own connection from a thread; records each answer's latency."""
-
-    def __init__(self, base_url: str) -> None:
-        self.base_url = base_url
-        self.latencies: list[tuple[float, float]] = []  # (start, seconds)
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._poll, daemon=True)
-
-    def _poll(self) -> None:
-        with httpx.Client(base_url=self.base_url, timeout=30) as client:
-            while not self._stop.wait(0.01):  # a probe every 10 ms, not a load
-                start = time.perf_counter()
-                assert client.get("/health").status_code == 200
-                self.latencies.append((start, time.perf_counter() - start))
-
-    def __enter__(self) -> HealthProbe:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self._stop.set()
-        self._thread.join(60)
-
-    def during(self, start: float, end: float) -> list[float]:
-        """Latencies of the answers whose request overlapped [start, end]."""
-        return [seconds for begun, seconds in self.latencies
-                if begun <= end and begun + seconds >= start]
-
-
 def _largest_requests(limits: RequestLimits, engine: AsyncLLM) -> list[tuple[str, bytes, int]]:
     """(route, raw body, expected status) of the largest requests each cap lets through: the
     most prompts holding the most tokens (as text, then as ids), the largest body of ids and
@@ -137,4 +111,5 @@ def test_health_answers_while_the_largest_allowed_requests_run(server: Backgroun
             overlapping = probe.during(start, end)
             assert overlapping, f"no /health request overlapped {route}"
             assert max(overlapping) < HEALTH_BOUND_S, (route, max(overlapping))
+    assert probe.statuses == {200}
     assert_server_clean(server.base_url)
