@@ -18,6 +18,7 @@ SUBCOMMAND_MODULES: tuple[str, ...] = (
     "prefixcache.integrations.cli_kv_size",
     "prefixcache.integrations.cli_bench",
     "prefixcache.integrations.cli_serve",
+    "prefixcache.integrations.cli_doctor",
 )
 
 

@@ -9,6 +9,13 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from prefixcache.kernels.cpu.decoder_layer import FUSED_DTYPES, LayerWeights, PagedStep
+from prefixcache.kernels.cpu.gemm_candidates import onednn_supports
+from prefixcache.kernels.cpu.kernel_choice import (
+    ROW_BUCKETS,
+    GemmChoice,
+    ProjectionShape,
+    choose_gemms,
+)
 from prefixcache.kernels.dispatch import cpu_kernels
 
 from ..model_config import ModelConfig
@@ -147,6 +154,9 @@ class CausalLM(nn.Module):
         # (the packed head, its int8 screening copy) for `greedy_tokens`, see `pack_weights`
         self._greedy_screen: tuple[PackedLinear, GreedyScreen] | None = None
         self.use_greedy_screen = True  # False: `greedy_tokens` always runs the full head
+        # which GEMM each projection runs per row-count bucket (`apply_gemm_choice`); None:
+        # the compiled GEMM everywhere, or no choice to make
+        self.gemm_choice: GemmChoice | None = None
 
     @property
     def dtype(self) -> torch.dtype:
@@ -175,7 +185,12 @@ class CausalLM(nn.Module):
         cos_sin = self.rotary.cos_sin(positions, hidden.dtype)  # [T, 2, head_dim]
         residual: Tensor | None = None
         fused = self._fused_run(attention, hidden)
-        if fused is not None and (output_rows is None or output_rows is fused[1].sample_rows):
+        choice = self.gemm_choice
+        if (
+            fused is not None
+            and (output_rows is None or output_rows is fused[1].sample_rows)
+            and (choice is None or choice.layers_fused(hidden.shape[0]))
+        ):
             # every layer, and the final norm where its weight has the layers' dtype, as one
             # compiled call: the same kernels and results as op by op
             final = self.norm.weight
@@ -271,4 +286,47 @@ class CausalLM(nn.Module):
         if isinstance(self.lm_head, PackedLinear):
             screen = build_greedy_screen(self.lm_head, arena)
             self._greedy_screen = None if screen is None else (self.lm_head, screen)
+        shapes = self.projection_shapes()
+        if shapes:
+            self.apply_gemm_choice(choose_gemms(shapes, self.dtype))
         return packed
+
+    def _projections(self) -> dict[str, list[PackedLinear]]:
+        """The packed projections on a compiled GEMM that oneDNN could run instead, by kind
+        (`qkv`, `o`, `gate_up`, `down`, `head`)."""
+        kinds: dict[str, list[PackedLinear]] = {}
+        for layer in self.layers:
+            attn, mlp = layer.attn, layer.mlp
+            for kind, module in (("qkv", attn.qkv_proj), ("o", attn.o_proj),
+                                 ("gate_up", mlp.gate_up_proj), ("down", mlp.down_proj)):
+                kinds.setdefault(kind, []).append(module)
+        kinds["head"] = [self.lm_head] if self.lm_head is not None else []
+        return {
+            kind: modules for kind, modules in kinds.items()
+            if modules and all(
+                isinstance(m, PackedLinear) and (m.compiled or m.compiled_f32)
+                and onednn_supports(m.packed.dtype) for m in modules
+            )
+        }  # fmt: skip
+
+    def projection_shapes(self) -> list[ProjectionShape]:
+        """The kinds of projection a GEMM choice covers, with their shapes (the output head
+        meets the sampled rows only: up to 64 timed)."""
+        shapes = []
+        for kind, modules in self._projections().items():
+            if len({(m.out_features, m.in_features) for m in modules}) != 1:
+                continue  # layers of different shapes: keep the compiled GEMM
+            buckets = tuple(b for b in ROW_BUCKETS if b <= 64) if kind == "head" else ROW_BUCKETS
+            shapes.append(ProjectionShape(
+                kind, modules[0].out_features, modules[0].in_features, buckets
+            ))
+        return shapes
+
+    def apply_gemm_choice(self, choice: GemmChoice) -> None:
+        """Run each projection on the GEMM `choice` names for each row-count bucket (oneDNN's
+        packing is made for the projections that use it, dropped for the others); a step whose
+        bucket keeps every layer projection on the compiled GEMM still runs fused."""
+        for kind, modules in self._projections().items():
+            for module in modules:
+                module.use_onednn_for(choice.onednn_buckets(kind))
+        self.gemm_choice = choice

@@ -20,6 +20,11 @@ every call; a pre-packed weight skips that. Two kernels hold packed weights:
   oneDNN packs bf16 only on CPUs with AVX-512 (BW, VL, DQ) or AVX-NE-CONVERT; elsewhere (an
   AVX2-only CPU such as AMD Zen 3) bf16 projections stay plain ``nn.Linear``.
 
+Where the machine's measurement (``prefixcache.kernels.cpu.kernel_choice``) finds oneDNN faster
+than a compiled GEMM for some row counts (e.g. long prefills on a CPU with AMX), the layer also
+holds oneDNN's packing of the weight and runs it for calls of those row counts
+(``use_onednn_for``): the weight's memory is then held twice.
+
 ``PREFIXCACHE_PACK_WEIGHTS=0`` turns packing off (plain ``nn.Linear``).
 """
 
@@ -31,8 +36,10 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor, nn
 
+from prefixcache.kernels.cpu.gemm_candidates import onednn_linear, onednn_pack, onednn_supports
+from prefixcache.kernels.cpu.kernel_choice import bucket_of
 from prefixcache.kernels.dispatch import cpu_kernels, get_kernel_backend
-from prefixcache.kernels.reference.linear import pack_linear_weight
+from prefixcache.kernels.reference.linear import pack_linear_weight, unpack_linear_weight
 
 if TYPE_CHECKING:
     from prefixcache.kernels.cpu.huge_pages import HugePageArena
@@ -66,6 +73,8 @@ class PackedLinear(nn.Module):
     compiled float32 GEMM, or (both False) oneDNN. The packed weight is a tensor outside
     ``state_dict``, set once, here: to change a projection, assign a new ``PackedLinear`` (the
     model's cached fused-layer plan follows module assignments, not writes to ``packed``).
+    ``onednn_buckets`` (set by ``use_onednn_for``) are the row-count buckets in which a compiled
+    GEMM's layer runs oneDNN instead, over ``onednn_packed``.
     """
 
     def __init__(
@@ -89,22 +98,43 @@ class PackedLinear(nn.Module):
             if arena is not None:
                 self.packed = arena.copy(self.packed)
         else:
-            self.packed = torch.ops.mkldnn._reorder_linear_weight(weight, None)
+            self.packed = onednn_pack(weight)
         self.bias = None if bias is None else nn.Parameter(bias.detach(), requires_grad=False)
+        self.onednn_buckets: frozenset[int] = frozenset()
+        self.onednn_packed: Tensor | None = None
+
+    def use_onednn_for(self, buckets: frozenset[int]) -> None:
+        """Run oneDNN for calls whose row count falls in ``buckets`` (see ``kernel_choice``);
+        an empty set keeps the compiled GEMM for every call and drops oneDNN's copy. Only a
+        layer on a compiled GEMM, in a dtype oneDNN runs, takes a choice."""
+        if not buckets:
+            self.onednn_buckets, self.onednn_packed = frozenset(), None
+            return
+        if not (self.compiled or self.compiled_f32) or not onednn_supports(self.packed.dtype):
+            raise ValueError("only a compiled GEMM's layer in a dtype oneDNN runs can switch")
+        if self.onednn_packed is None:
+            if self.compiled:
+                weight = unpack_linear_weight(self.packed, self.out_features)
+            else:
+                weight = cpu_kernels().unpack_f32_weight(self.packed, self.out_features)
+            self.onednn_packed = onednn_pack(weight)  # [out, in] from the compiled packing
+        self.onednn_buckets = frozenset(buckets)
 
     def forward(self, x: Tensor) -> Tensor:
         """`x` `[num_rows, in_features]` -> `[num_rows, out_features]`."""
+        if self.onednn_packed is not None and bucket_of(x.shape[0]) in self.onednn_buckets:
+            return onednn_linear(x, self.onednn_packed, self.out_features, self.bias)
         if self.compiled:
             return cpu_kernels().linear_cpu(x, self.packed, self.out_features, self.bias)
         if self.compiled_f32:
             return cpu_kernels().linear_f32(x, self.packed, self.out_features, self.bias)
-        return torch.ops.mkldnn._linear_pointwise(
-            x.contiguous(), self.packed, self.bias, "none", [], ""
-        )
+        return onednn_linear(x, self.packed, self.out_features, self.bias)
 
     def extra_repr(self) -> str:
         kernel = "compiled bf16 GEMM" if self.compiled else "oneDNN"
         kernel = "compiled float32 GEMM" if self.compiled_f32 else kernel
+        if self.onednn_buckets:
+            kernel += f", oneDNN at {sorted(self.onednn_buckets)} rows"
         return f"in_features={self.in_features}, out_features={self.out_features}, {kernel}"
 
 

@@ -35,7 +35,12 @@ from prefixcache.kernels.cpu.greedy_screen import (
 )
 from prefixcache.kernels.cpu.huge_pages import HugePageArena, huge_pages_available
 from prefixcache.kernels.cpu.linear import cpu_linear_supports, linear_cpu
-from prefixcache.kernels.cpu.linear_f32 import f32_linear_supports, linear_f32, pack_f32_weight
+from prefixcache.kernels.cpu.linear_f32 import (
+    f32_linear_supports,
+    linear_f32,
+    pack_f32_weight,
+    unpack_f32_weight,
+)
 from prefixcache.kernels.cpu.model_ops import (
     BlockCopier,
     add_rms_norm_cpu_,
@@ -110,4 +115,5 @@ __all__ = [
     "silu_and_mul_f32",
     "store_kv_cpu",
     "store_kv_f32",
+    "unpack_f32_weight",
 ]

@@ -36,6 +36,12 @@ def pack_f32_weight(weight: torch.Tensor) -> torch.Tensor:  # [ceil(n_out / 16),
     return padded.reshape(-1, STRIP, k).transpose(1, 2).contiguous()
 
 
+def unpack_f32_weight(packed: torch.Tensor, n_out: int) -> torch.Tensor:  # [n_out, k], new
+    """The ``[n_out, k]`` weight ``pack_f32_weight`` packed into ``packed``."""
+    strips, k, width = packed.shape
+    return packed.transpose(1, 2).reshape(strips * width, k)[:n_out].contiguous()
+
+
 def linear_f32(
     x: torch.Tensor,  # [rows, k] float32
     packed: torch.Tensor,  # [ceil(n_out / 16), k, 16] from pack_f32_weight
