@@ -5,7 +5,8 @@ Serves one bf16 Hugging Face folder (``peer_model.py`` writes the default model 
 on), one server at a time, and runs the same three patterns on each, streamed completions at
 temperature 0 (TTFT: request sent to the first streamed chunk with text):
 
-* ``shared_prefix``: one ~1.6K-token prefix, then six requests with a ~60-token suffix each;
+* ``shared_prefix``: a ~1.6K-token prefix, then three more requests with a new ~60-token
+  suffix each; twice, with another prefix;
 * ``alternating``: four ~1.25K-token prefixes in turn, three rounds (A B C D A B C D ...);
 * ``sessions``: two sessions of four turns, interleaved; each turn resends the session's whole
   history (a ~800-token context, the turns so far with their answers) plus a new message.
@@ -74,11 +75,15 @@ class Request:
 
 
 def shared_prefix(rng: np.random.Generator) -> list[Request]:
-    prefix = text(1540, rng)
-    return [
-        Request("shared_prefix", "cold" if i == 0 else "warm", f"{prefix}\n{text(55, rng)}", 8)
-        for i in range(7)
-    ]
+    """Two prefixes in turn, each first sent cold, then three times warm with a new suffix."""
+    requests = []
+    for _ in range(2):
+        prefix = text(1540, rng)
+        requests += [
+            Request("shared_prefix", "cold" if i == 0 else "warm", f"{prefix}\n{text(55, rng)}", 8)
+            for i in range(4)
+        ]
+    return requests
 
 
 def alternating(rng: np.random.Generator) -> list[Request]:

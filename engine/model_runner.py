@@ -49,10 +49,15 @@ class PagedAttention:
     layers' other ops in one compiled call.
     """
 
-    def __init__(self, kv: PagedKVCache, meta: AttentionMetadata, scale: float) -> None:
+    def __init__(self, kv: PagedKVCache, meta: AttentionMetadata, scale: float,
+                 prefill_implementation: str | None = None) -> None:  # fmt: skip
+        """``prefill_implementation`` names the prefill attention to run (``"sdpa"``: SDPA in
+        the model's dtype, chosen by measurement for the step's row count); None: dispatch's
+        default."""
         self.kv = kv
         self.meta = meta
         self.scale = scale
+        self.prefill_implementation = prefill_implementation
         self._step: PagedStep | None = None
 
     def paged_step(self, layer_idx: int) -> tuple[PagedStep, torch.Tensor, torch.Tensor] | None:
@@ -133,6 +138,7 @@ class PagedAttention:
             self.scale,
             k_scale,
             v_scale,
+            implementation=self.prefill_implementation,
         )
         if split == 0:
             return prefill
@@ -172,6 +178,10 @@ class ModelRunner:
             pairs = torch.tensor([op[:2] for op in wave], dtype=torch.int64, device=self.device)
             self.copy_blocks(pairs, [op.num_tokens for op in wave])  # pairs: [n, 2]
         meta = build_attention_metadata(out, self.kv.block_size).to(self.device)
-        attention = PagedAttention(self.kv, meta, self.scale)
+        choice = getattr(self.model, "kernel_choice", None)
+        implementation = (
+            None if choice is None else choice.implementation("attention", meta.input_ids.shape[0])
+        )
+        attention = PagedAttention(self.kv, meta, self.scale, implementation)
         # Only the sampled rows leave the last layer.
         return self.model(meta.input_ids, meta.positions, attention, meta.sample_rows)

@@ -1,12 +1,13 @@
-"""`prefixcache doctor`: what this CPU offers the engine, and which GEMM it runs per row count.
+"""`prefixcache doctor`: what this CPU offers the engine, and which kernels it runs per row count.
 
 Prints the CPU's model and the flags the kernels care about, torch's and oneDNN's view of it,
 whether the compiled kernel libraries load (and why not), the machine's measured ceilings
 (``bf16_dot_peak``, ``f32_fma_peak``, and oneDNN's best bf16 GEMM rate, which reaches AMX tiles
-where the CPU has them), then times the compiled GEMM against oneDNN on the model's own
-projection shapes at every row-count bucket and shows what the engine chooses
-(``prefixcache.kernels.cpu.kernel_choice``). The fresh measurement replaces the cached one
-unless ``PREFIXCACHE_KERNEL_CHOICE`` forces a choice. ``--json PATH`` writes every figure.
+where the CPU has them), then times the compiled kernels against the libraries (oneDNN for the
+projections, SDPA for the prefill attention) on the model's own shapes at every row-count bucket
+and shows what the engine chooses (``prefixcache.kernels.cpu.kernel_choice``). The fresh
+measurement replaces the cached one unless ``PREFIXCACHE_KERNEL_CHOICE`` forces a choice.
+``--json PATH`` writes every figure.
 """
 
 from __future__ import annotations
@@ -83,47 +84,45 @@ def machine_report() -> dict[str, Any]:
 
 
 def choice_report(model_name: str) -> dict[str, Any]:
-    """The model's projections timed on both GEMMs at every bucket, and what the engine runs."""
+    """The model's ops timed on both implementations at every bucket, and what the engine runs."""
     from prefixcache.engine.model_registry import load_model
     from prefixcache.kernels.cpu.kernel_choice import (
-        GemmChoice,
+        KernelChoice,
         choice_key,
         choice_path,
         current_policy,
         decide,
-        measure_projection,
     )
+    from prefixcache.kernels.cpu.kernel_timing import measure_op
 
     loaded = load_model(model_name)
     model = loaded.model
-    shapes = model.projection_shapes()
+    shapes = model.op_shapes()
     dtype = model.dtype
-    seconds = {s.name: measure_projection(s, dtype) for s in shapes}
-    measured = GemmChoice(decide(seconds), seconds, "measured", choice_key(shapes, dtype))
+    seconds = {s.name: measure_op(s, dtype) for s in shapes}
+    measured = KernelChoice(decide(seconds), seconds, "measured", choice_key(shapes, dtype))
     policy = current_policy()
     if policy.mode == "measured" and shapes:
         path = choice_path(measured.key)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(measured.to_json(), indent=1))
-        model.apply_gemm_choice(measured)
-    running = model.gemm_choice
+        model.apply_kernel_choice(measured)
+    running = model.kernel_choice
     rows = []
     for shape in shapes:
         for bucket, times in seconds[shape.name].items():
-            flops = 2 * bucket * shape.out_features * shape.in_features
+            flops = shape.flops(bucket)
             runs = running.implementation(shape.name, bucket) if running else "compiled"
             rows.append({
-                "projection": shape.name, "shape": [shape.out_features, shape.in_features],
+                "op": shape.name, "shape": list(shape.dims),
                 "rows": bucket, "seconds": times, "runs": runs,
                 "gflops": {name: flops / t / 1e9 for name, t in times.items()},
             })  # fmt: skip
     return {
         "model": model_name,
         "dtype": str(dtype).removeprefix("torch."),
-        "policy": policy.mode + (
-            f">={policy.onednn_from_rows}" if policy.onednn_from_rows > 1 else ""
-        ),
-        "summary": running.summary() if running else "no choice: one GEMM runs this dtype here",
+        "policy": str(policy),
+        "summary": running.summary() if running else "no choice: one kernel runs each op here",
         "source": running.source if running else None,
         "rows": rows,
     }
@@ -149,25 +148,26 @@ def render(machine: dict[str, Any], choice: dict[str, Any] | None, console: Cons
         return
     peak = peaks["bf16_dot_peak"] if choice["dtype"] == "bfloat16" else peaks["f32_fma_peak"]
     table = Table(
-        title=f"GEMM per row count: {choice['model']} ({choice['dtype']}), "
+        title=f"kernels per row count: {choice['model']} ({choice['dtype']}), "
         f"policy {choice['policy']}",
-        caption=f"ratio: oneDNN / ours; runs: {choice['summary']} ({choice['source']})",
+        caption=f"ratio: library / ours; runs: {choice['summary']} ({choice['source']})",
         box=box.SIMPLE_HEAD,
     )
-    for column in ("projection", "rows", "ours ms", "oneDNN ms", "ratio", "runs", "GFLOP/s",
-                   "of peak"):  # fmt: skip
-        justify = "left" if column in ("projection", "runs") else "right"
+    for column in ("op", "rows", "ours ms", "library ms", "library", "ratio", "runs",
+                   "GFLOP/s", "of peak"):  # fmt: skip
+        justify = "left" if column in ("op", "runs", "library") else "right"
         table.add_column(column, justify=justify, no_wrap=True)
     previous = None
     for row in choice["rows"]:
         times, rate = row["seconds"], row["gflops"].get(row["runs"])
-        ratio = times.get("onednn", float("nan")) / times.get("compiled", float("nan"))
-        label = f"{row['projection']} {row['shape'][0]}x{row['shape'][1]}"
+        library = next((name for name in times if name != "compiled"), None)
+        ratio = times[library] / times["compiled"] if library and "compiled" in times else None
+        label = f"{row['op']} {'x'.join(map(str, row['shape']))}"
         table.add_row(
             label if label != previous else "", str(row["rows"]),
-            *(f"{times[n] * 1e3:.3f}" if n in times else "-" for n in ("compiled", "onednn")),
-            f"{ratio:.2f}", row["runs"], f"{rate:.0f}" if rate else "-",
-            f"{rate / peak:.0%}" if rate and peak else "-",
+            *(f"{times[n] * 1e3:.3f}" if n in times else "-" for n in ("compiled", library)),
+            library or "-", f"{ratio:.2f}" if ratio else "-", row["runs"],
+            f"{rate:.0f}" if rate else "-", f"{rate / peak:.0%}" if rate and peak else "-",
         )  # fmt: skip
         previous = label
     console.print(table)
@@ -176,17 +176,17 @@ def render(machine: dict[str, Any], choice: dict[str, Any] | None, console: Cons
 def register(app: typer.Typer) -> None:
     @app.command()
     def doctor(
-        model: Annotated[str, typer.Option(help="model whose projection shapes are timed")] = (
+        model: Annotated[str, typer.Option(help="model whose op shapes are timed")] = (
             "smollm2"
         ),
         machine_only: Annotated[
-            bool, typer.Option("--machine-only", help="skip the GEMM timing")
+            bool, typer.Option("--machine-only", help="skip the kernel timing")
         ] = False,
         json_path: Annotated[
             Path | None, typer.Option("--json", help="also write every figure here")
         ] = None,
     ) -> None:
-        """What this CPU offers the engine, and which GEMM runs each projection per row count."""
+        """What this CPU offers the engine, and which kernel runs each op per row count."""
         console = Console()
         try:
             machine = machine_report()
@@ -197,4 +197,4 @@ def register(app: typer.Typer) -> None:
         render(machine, choice, console)
         if json_path is not None:
             json_path.parent.mkdir(parents=True, exist_ok=True)
-            json_path.write_text(json.dumps({"machine": machine, "gemm": choice}, indent=1))
+            json_path.write_text(json.dumps({"machine": machine, "kernels": choice}, indent=1))

@@ -44,6 +44,7 @@ from prefixcache.kernels.reference.kv_store import copy_blocks_reference, store_
 from prefixcache.kernels.reference.paged_attention import (
     paged_decode_attention_reference,
     paged_prefill_attention_reference,
+    paged_prefill_attention_sdpa,
 )
 
 
@@ -148,9 +149,15 @@ def paged_prefill_attention(
     scale: float,
     k_scale: torch.Tensor | None = None,
     v_scale: torch.Tensor | None = None,
+    implementation: str | None = None,
 ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
-    """Varlen new tokens: full attention over the paged context, causal over themselves."""
-    if uses_triton(q):
+    """Varlen new tokens: full attention over the paged context, causal over themselves.
+    ``implementation="sdpa"`` runs SDPA in the query dtype on CPU tensors (what the kernel
+    choice picks where it is measured faster, see ``prefixcache.kernels.cpu.kernel_choice``);
+    by default the dispatch rule of ``prefixcache.kernels.dispatch`` applies."""
+    if implementation == "sdpa" and not q.is_cuda:
+        impl = paged_prefill_attention_sdpa
+    elif uses_triton(q):
         impl = triton_kernels().paged_prefill_attention_triton
     elif uses_cpu_kernel(q, k_cache, k_scale):
         impl = cpu_kernels().paged_prefill_attention_cpu

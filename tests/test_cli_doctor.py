@@ -1,4 +1,4 @@
-"""`prefixcache doctor`: the machine report and the GEMM table of a model, as text and JSON."""
+"""`prefixcache doctor`: the machine report and the kernel table of a model, as text and JSON."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from prefixcache.integrations.cli import app
 from prefixcache.kernels.cpu.build import load_f32_library, load_library
-from prefixcache.kernels.cpu.kernel_choice import CHOICE_ENV, ROW_BUCKETS
+from prefixcache.kernels.cpu.kernel_choice import CHOICE_ENV, PREFILL_BUCKETS, ROW_BUCKETS
 
 runner = CliRunner()
 
@@ -23,7 +23,7 @@ def test_machine_only_names_the_cpu_and_its_ceilings(tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     report = json.loads(out.read_text())
     machine = report["machine"]
-    assert report["gemm"] is None
+    assert report["kernels"] is None
     assert machine["torch"] == torch.__version__ and machine["cpu"] in result.output
     assert set(machine["flags"]) >= {"avx2", "avx512_bf16", "amx_bf16"}
     assert all(v is None or v > 0 for v in machine["peaks_gflops"].values())
@@ -32,7 +32,7 @@ def test_machine_only_names_the_cpu_and_its_ceilings(tmp_path: Path) -> None:
         assert machine["peaks_gflops"]["bf16_dot_peak"] > 0
 
 
-def test_the_gemm_table_covers_every_projection_and_bucket_and_is_cached(
+def test_the_table_covers_every_op_and_bucket_and_is_cached(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     folder = make_tiny_model_dir(tmp_path / "model", "llama", **HEAD_DIM_64)
@@ -42,16 +42,20 @@ def test_the_gemm_table_covers_every_projection_and_bucket_and_is_cached(
     out = tmp_path / "doctor.json"
     result = runner.invoke(app, ["doctor", "--model", str(folder), "--json", str(out)])
     assert result.exit_code == 0, result.output
-    gemm = json.loads(out.read_text())["gemm"]
-    if not gemm["rows"]:
-        pytest.skip("one GEMM runs this dtype here: nothing to choose")
-    assert "GEMM per row count" in result.output and gemm["policy"] == "measured"
-    kinds = {row["projection"] for row in gemm["rows"]}
-    assert kinds == {"qkv", "o", "gate_up", "down", "head"}
-    qkv = [row["rows"] for row in gemm["rows"] if row["projection"] == "qkv"]
-    assert qkv == list(ROW_BUCKETS)
-    assert all(set(row["seconds"]) == {"compiled", "onednn"} for row in gemm["rows"])
-    assert list((tmp_path / "cache").rglob("gemm-*.json"))  # the next load reads it
+    table = json.loads(out.read_text())["kernels"]
+    if not table["rows"]:
+        pytest.skip("one kernel runs each op of this dtype here: nothing to choose")
+    assert "kernels per row count" in result.output and table["policy"] == "measured"
+    rows = {row["op"]: [] for row in table["rows"]}
+    for row in table["rows"]:
+        rows[row["op"]].append(row["rows"])
+        library = "sdpa" if row["op"] == "attention" else "onednn"
+        assert set(row["seconds"]) == {"compiled", library}
+    assert set(rows) >= {"qkv", "o", "gate_up", "down", "head"}
+    assert rows["qkv"] == list(ROW_BUCKETS)
+    if "attention" in rows:
+        assert rows["attention"] == list(PREFILL_BUCKETS)
+    assert list((tmp_path / "cache").rglob("kernels-*.json"))  # the next load reads it
 
 
 def test_an_unknown_model_exits_2() -> None:

@@ -12,10 +12,13 @@ from prefixcache.kernels.cpu.decoder_layer import FUSED_DTYPES, LayerWeights, Pa
 from prefixcache.kernels.cpu.gemm_candidates import onednn_supports
 from prefixcache.kernels.cpu.kernel_choice import (
     ROW_BUCKETS,
-    GemmChoice,
+    AttentionShape,
+    KernelChoice,
+    OpShape,
     ProjectionShape,
-    choose_gemms,
+    choose_kernels,
 )
+from prefixcache.kernels.cpu.kernel_timing import attention_candidates
 from prefixcache.kernels.dispatch import cpu_kernels
 
 from ..model_config import ModelConfig
@@ -154,9 +157,9 @@ class CausalLM(nn.Module):
         # (the packed head, its int8 screening copy) for `greedy_tokens`, see `pack_weights`
         self._greedy_screen: tuple[PackedLinear, GreedyScreen] | None = None
         self.use_greedy_screen = True  # False: `greedy_tokens` always runs the full head
-        # which GEMM each projection runs per row-count bucket (`apply_gemm_choice`); None:
+        # which GEMM each projection runs per row-count bucket (`apply_kernel_choice`); None:
         # the compiled GEMM everywhere, or no choice to make
-        self.gemm_choice: GemmChoice | None = None
+        self.kernel_choice: KernelChoice | None = None
 
     @property
     def dtype(self) -> torch.dtype:
@@ -185,7 +188,7 @@ class CausalLM(nn.Module):
         cos_sin = self.rotary.cos_sin(positions, hidden.dtype)  # [T, 2, head_dim]
         residual: Tensor | None = None
         fused = self._fused_run(attention, hidden)
-        choice = self.gemm_choice
+        choice = self.kernel_choice
         if (
             fused is not None
             and (output_rows is None or output_rows is fused[1].sample_rows)
@@ -286,9 +289,9 @@ class CausalLM(nn.Module):
         if isinstance(self.lm_head, PackedLinear):
             screen = build_greedy_screen(self.lm_head, arena)
             self._greedy_screen = None if screen is None else (self.lm_head, screen)
-        shapes = self.projection_shapes()
+        shapes = self.op_shapes()
         if shapes:
-            self.apply_gemm_choice(choose_gemms(shapes, self.dtype))
+            self.apply_kernel_choice(choose_kernels(shapes, self.dtype))
         return packed
 
     def _projections(self) -> dict[str, list[PackedLinear]]:
@@ -309,10 +312,11 @@ class CausalLM(nn.Module):
             )
         }  # fmt: skip
 
-    def projection_shapes(self) -> list[ProjectionShape]:
-        """The kinds of projection a GEMM choice covers, with their shapes (the output head
-        meets the sampled rows only: up to 64 timed)."""
-        shapes = []
+    def op_shapes(self) -> list[OpShape]:
+        """The ops a kernel choice covers, with their shapes: the kinds of projection (the
+        output head meets the sampled rows only: up to 64 timed) and, where SDPA and a
+        compiled kernel both run the model's dtype, the prefill attention."""
+        shapes: list[OpShape] = []
         for kind, modules in self._projections().items():
             if len({(m.out_features, m.in_features) for m in modules}) != 1:
                 continue  # layers of different shapes: keep the compiled GEMM
@@ -320,13 +324,17 @@ class CausalLM(nn.Module):
             shapes.append(ProjectionShape(
                 kind, modules[0].out_features, modules[0].in_features, buckets
             ))
+        attn = self.layers[0].attn if len(self.layers) else None
+        if shapes and attn is not None and len(attention_candidates(self.dtype)) > 1:
+            shapes.append(AttentionShape(attn.num_heads, attn.num_kv_heads, attn.head_dim))
         return shapes
 
-    def apply_gemm_choice(self, choice: GemmChoice) -> None:
-        """Run each projection on the GEMM `choice` names for each row-count bucket (oneDNN's
-        packing is made for the projections that use it, dropped for the others); a step whose
-        bucket keeps every layer projection on the compiled GEMM still runs fused."""
+    def apply_kernel_choice(self, choice: KernelChoice) -> None:
+        """Run each op on the implementation `choice` names for each row-count bucket (oneDNN's
+        packing is made for the projections that use it, dropped for the others; the paged
+        runner asks the choice for the prefill attention); a step whose bucket keeps every
+        layer op on its compiled kernel still runs fused."""
         for kind, modules in self._projections().items():
             for module in modules:
-                module.use_onednn_for(choice.onednn_buckets(kind))
-        self.gemm_choice = choice
+                module.use_onednn_for(choice.library_buckets(kind))
+        self.kernel_choice = choice

@@ -37,7 +37,7 @@ import torch
 from torch import Tensor, nn
 
 from prefixcache.kernels.cpu.gemm_candidates import onednn_linear, onednn_pack, onednn_supports
-from prefixcache.kernels.cpu.kernel_choice import bucket_of
+from prefixcache.kernels.cpu.op_shapes import bucket_of
 from prefixcache.kernels.dispatch import cpu_kernels, get_kernel_backend
 from prefixcache.kernels.reference.linear import pack_linear_weight, unpack_linear_weight
 

@@ -19,10 +19,9 @@ import torch
 
 from prefixcache.kernels.cpu.linear import cpu_linear_supports, linear_cpu
 from prefixcache.kernels.cpu.linear_f32 import f32_linear_supports, linear_f32, pack_f32_weight
+from prefixcache.kernels.cpu.op_shapes import COMPILED, ONEDNN
 from prefixcache.kernels.reference.linear import pack_linear_weight
 
-COMPILED = "compiled"
-ONEDNN = "onednn"
 GEMM_NAMES = (COMPILED, ONEDNN)
 
 

@@ -38,9 +38,13 @@ def paged_prefill_attention_reference(
     scale: float,
     k_scale: torch.Tensor | None = None,  # [], [num_kv_heads] or [num_kv_heads, head_dim]
     v_scale: torch.Tensor | None = None,
+    widen: bool = True,
 ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
     """Each new token attends to its sequence's whole cached context and, causally, to the new
-    tokens up to itself. The new tokens' k/v come from ``k``/``v``, not from the cache."""
+    tokens up to itself. The new tokens' k/v come from ``k``/``v``, not from the cache.
+    ``widen`` runs 16-bit inputs in float32 (see ``_widened``); without it SDPA runs in the
+    query dtype (``paged_prefill_attention_sdpa``)."""
+    widened = _widened if widen else _unchanged
     out = torch.empty_like(q)
     starts = query_start_loc.tolist()
     contexts = context_lens.tolist()
@@ -54,9 +58,36 @@ def paged_prefill_attention_reference(
             cached_v = gather_context(v_cache, block_tables[seq], context)
             keys = torch.cat([dequantize(cached_k, k_scale, q.dtype), keys])
             values = torch.cat([dequantize(cached_v, v_scale, q.dtype), values])
-        attended = _attend(_widened(q[begin:end]), _widened(keys), _widened(values), context, scale)
+        attended = _attend(widened(q[begin:end]), widened(keys), widened(values), context, scale)
         out[begin:end] = attended  # rounded to the query dtype once, here
     return out
+
+
+def paged_prefill_attention_sdpa(
+    q: torch.Tensor,  # [num_tokens, num_heads, head_dim]
+    k: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
+    v: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
+    k_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
+    v_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
+    block_tables: torch.Tensor,  # [num_seqs, max_blocks] int32
+    query_start_loc: torch.Tensor,  # [num_seqs + 1] int32
+    context_lens: torch.Tensor,  # [num_seqs] int32
+    scale: float,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
+) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
+    """``paged_prefill_attention_reference`` with SDPA in the query dtype: torch's CPU flash
+    kernel in bf16 (oneDNN's brgemm, AMX tiles where the CPU has them). Its softmax weights are
+    rounded to 16 bits with its own blocking, so a token's result depends on the chunk it came
+    in (see ``_widened``): the kernel choice uses it only where it is measured faster."""
+    return paged_prefill_attention_reference(
+        q, k, v, k_cache, v_cache, block_tables, query_start_loc, context_lens, scale,
+        k_scale, v_scale, widen=False,
+    )  # fmt: skip
+
+
+def _unchanged(x: torch.Tensor) -> torch.Tensor:
+    return x
 
 
 def _widened(x: torch.Tensor) -> torch.Tensor:

@@ -1,6 +1,7 @@
-"""The engine runs the GEMM the choice names per row-count bucket: oneDNN in the buckets it
-was given (op by op, as the fused layers only hold the compiled GEMM), the compiled GEMM and
-the fused layers elsewhere; answers stay the uncached path's greedy tokens."""
+"""The engine runs the kernels the choice names per row-count bucket: oneDNN and SDPA in the
+buckets they were given (op by op, as the fused layers only hold the compiled kernels), the
+compiled kernels and the fused layers elsewhere; answers stay the uncached path's greedy
+tokens."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import pytest
 import torch
 from kernel_calls import record_calls
 
+from prefixcache import kernels
 from prefixcache.engine.llm import LLM
 from prefixcache.engine.model.packed_linear import PackedLinear
 from prefixcache.engine.sampling_params import SamplingParams
@@ -20,7 +22,7 @@ from prefixcache.kernels.cpu.gemm_candidates import (
     onednn_pack,
     onednn_supports,
 )
-from prefixcache.kernels.cpu.kernel_choice import CHOICE_ENV, GemmChoice
+from prefixcache.kernels.cpu.kernel_choice import CHOICE_ENV, SDPA, KernelChoice
 from prefixcache.kernels.dispatch import cpu_kernels
 from prefixcache.kernels.reference.linear import unpack_linear_weight
 
@@ -75,19 +77,23 @@ def test_a_projection_runs_onednn_in_its_buckets_only(dtype: torch.dtype) -> Non
 def test_each_bucket_runs_the_gemm_it_was_given(
     tiny_llama_hd64_dir: Path, monkeypatch: pytest.MonkeyPatch, dtype: torch.dtype
 ) -> None:
-    monkeypatch.setenv(CHOICE_ENV, "onednn>=16")
+    monkeypatch.setenv(CHOICE_ENV, "library>=16")
     llm = engine(tiny_llama_hd64_dir, dtype)
     model = llm.engine.runner.model
-    assert model.gemm_choice is not None and model.gemm_choice.source == "env"
+    assert model.kernel_choice is not None and model.kernel_choice.source == "env"
     for module in model.modules():
         if isinstance(module, PackedLinear):
             assert module.onednn_packed is not None
             head = module is model.lm_head
             assert module.onednn_buckets == ({16, 64} if head else {16, 64, 256, 1024})
 
+    assert model.kernel_choice.chosen["attention"] == {64: SDPA, 256: SDPA, 1024: SDPA}
     layer_calls = record_calls(monkeypatch, cpu_kernels(), ["decoder_layers_cpu"])
+    sdpa_calls = record_calls(monkeypatch, kernels, ["paged_prefill_attention_sdpa"])
     llm.generate([PROMPTS[1]], GREEDY)  # a 58-token prefill (op by op), then 5 decode steps
-    assert len(layer_calls) == GREEDY.max_tokens - 1
+    assert len(layer_calls) == GREEDY.max_tokens - 1 and not sdpa_calls  # 58 < 64
+    llm.generate([[*range(1, 80)]], GREEDY)  # 79 rows: SDPA in the first of the 2 layers
+    assert len(sdpa_calls) == 1  # (the last attends for the sampled row only, as decode does)
     llm.cache.check_invariants()
     assert llm.stats()["in_use"] == 0
 
@@ -96,15 +102,18 @@ def test_each_bucket_runs_the_gemm_it_was_given(
 def test_a_mixed_choice_answers_the_uncached_compiled_path(
     tiny_llama_hd64_dir: Path, monkeypatch: pytest.MonkeyPatch, dtype: torch.dtype
 ) -> None:
-    """Prefix hits, chunked prefill (chunks of 24 rows: oneDNN; suffixes under 16: compiled)
-    and decode give the greedy tokens of the compiled GEMM without any reuse."""
+    """Prefix hits, chunked prefill (chunks of 24 rows: oneDNN; suffixes under 16: compiled;
+    with chunks of 128, a 110-token prompt: SDPA too) and decode give the greedy tokens of the
+    compiled kernels without any reuse."""
+    prompts = [*PROMPTS, [*SYSTEM, *range(100, 173)], [*SYSTEM, *range(100, 150), 7]]
     monkeypatch.setenv(CHOICE_ENV, "compiled")
     plain = engine(tiny_llama_hd64_dir, dtype, enable_prefix_caching=False)
-    expected = [plain.generate([p], GREEDY)[0].token_ids for p in PROMPTS]
-    monkeypatch.setenv(CHOICE_ENV, "onednn>=16")
-    mixed = engine(tiny_llama_hd64_dir, dtype, max_num_batched_tokens=24)
-    got = [mixed.generate([p], GREEDY)[0].token_ids for p in PROMPTS]
-    assert got == expected
+    expected = [plain.generate([p], GREEDY)[0].token_ids for p in prompts]
+    monkeypatch.setenv(CHOICE_ENV, "library>=16")
+    for chunk in (24, 128):
+        mixed = engine(tiny_llama_hd64_dir, dtype, max_num_batched_tokens=chunk)
+        got = [mixed.generate([p], GREEDY)[0].token_ids for p in prompts]
+        assert got == expected, chunk
     assert mixed.stats()["hit_tokens"] > 0
     mixed.cache.check_invariants()
     assert mixed.stats()["in_use"] == 0
@@ -114,11 +123,11 @@ def test_a_mixed_choice_answers_the_uncached_compiled_path(
 def test_a_choice_without_onednn_drops_its_copies(
     tiny_llama_hd64_dir: Path, monkeypatch: pytest.MonkeyPatch, dtype: torch.dtype
 ) -> None:
-    monkeypatch.setenv(CHOICE_ENV, "onednn")
+    monkeypatch.setenv(CHOICE_ENV, "library")
     model = engine(tiny_llama_hd64_dir, dtype).engine.runner.model
     projections = [m for m in model.modules() if isinstance(m, PackedLinear)]
     assert all(m.onednn_packed is not None for m in projections)
-    model.apply_gemm_choice(GemmChoice({}))
+    model.apply_kernel_choice(KernelChoice({}))
     assert all(m.onednn_packed is None and not m.onednn_buckets for m in projections)
-    assert model.gemm_choice.layers_fused(1000)
+    assert model.kernel_choice.layers_fused(1000)
     assert ONEDNN not in repr(model)
