@@ -112,6 +112,7 @@ class EngineCore:
         ``finished_only``, of those that finished (the others' text is then not decoded: a
         caller that does not stream skips a decode of each running request's output a step)."""
         out = self.scheduler.schedule()
+        self._move_tier_blocks()
         touched: dict[str, RequestGroup] = {}
         if out.is_empty:
             self._fail_unschedulable(touched)
@@ -131,6 +132,13 @@ class EngineCore:
             logger.exception("request %s failed while decoding its text", group.request_id)
             self._fail(group, INTERNAL_ERROR, f"decoding the output failed: {error!r}")
             return self._snapshot(group)  # every sample finished: no decode left to fail
+
+    def _move_tier_blocks(self) -> None:
+        """The copies the schedule queued between the pool and the host tier (blocks it
+        evicted, blocks it promoted), before anything writes into the pool."""
+        writebacks, loads = self.scheduler.cache.take_tier_copies()
+        if writebacks or loads:
+            self.runner.apply_tier_copies(writebacks, loads)
 
     def _run_step(self, out: SchedulerOutput, touched: dict[str, RequestGroup]) -> None:
         """Forward ``out``, commit its blocks, sample and check each sampled row; a failure

@@ -7,6 +7,7 @@ and names the option, so a bad setting fails up front instead of dropping every 
 from __future__ import annotations
 
 import torch
+from pydantic import ByteSize, TypeAdapter, ValidationError
 
 # The compute dtypes the model runs in, by name (names are matched case-insensitively).
 SUPPORTED_DTYPES: dict[str, torch.dtype] = {
@@ -50,6 +51,23 @@ def check_kv_pool_size(num_blocks: object, kv_cache_memory: object) -> None:
         raise ValueError(
             "num_blocks and kv_cache_memory both size the KV pool: give one of them, not both"
         )
+
+
+def parse_memory_size(name: str, value: object) -> int | None:
+    """None, or a byte count given as an int >= 1 or a string such as ``"8GiB"``, ``"512MB"``
+    (pydantic's ``ByteSize``: IEC and SI units); ValueError / TypeError naming ``name``."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | str):
+        raise TypeError(f"{name} must be a number of bytes or a size such as '8GiB', "
+                        f"got {type(value).__name__}")  # fmt: skip
+    try:
+        size = int(TypeAdapter(ByteSize).validate_python(value))
+    except ValidationError as error:
+        raise ValueError(f"{name}={value!r} is not a size such as 8GiB or 512MB") from error
+    if size < 1:
+        raise ValueError(f"{name} must be at least 1 byte, got {value!r}")
+    return size
 
 
 def resolve_dtype(dtype: object) -> torch.dtype | None:

@@ -19,9 +19,11 @@ from prefixcache.engine.engine_options import (
     check_int_option,
     check_kv_pool_size,
     check_optional_int_option,
+    parse_memory_size,
     resolve_dtype,
 )
-from prefixcache.engine.kv_cache import PagedKVCache, blocks_for_memory
+from prefixcache.engine.host_kv_tier import HostKVTier
+from prefixcache.engine.kv_cache import PagedKVCache, blocks_for_memory, kv_bytes_per_block
 from prefixcache.engine.model_registry import DEFAULT_MODEL, load_model
 from prefixcache.engine.model_runner import ModelRunner
 from prefixcache.engine.outputs import RequestOutput
@@ -49,7 +51,10 @@ class LLM:
     KV but never reuses it. ``device``
     ("cpu" by default, "cuda", "cuda:1", ...) holds the weights, the KV pool and every step's
     index tensors; on CUDA attention runs through the Triton kernels, elsewhere through the
-    CPU path (see ``prefixcache.kernels``).
+    CPU path (see ``prefixcache.kernels``). ``kv_host_memory`` (bytes, or a size such as
+    ``"8GiB"``) adds a host-memory tier under the pool: full blocks the pool evicts are copied
+    there, and a prompt whose next blocks it holds loads them back instead of computing them
+    (``prefixcache.tier_moves``); ``stats()`` counts them (``host_tier_*``).
     """
 
     def __init__(
@@ -68,8 +73,10 @@ class LLM:
         num_threads: int | None = None,
         kv_cache_dtype: str = "auto",
         device: str | torch.device | None = None,
+        kv_host_memory: int | str | None = None,
     ) -> None:
         check_int_option("block_size", block_size)
+        host_memory = parse_memory_size("kv_host_memory", kv_host_memory)
         check_kv_pool_size(num_blocks, kv_cache_memory)
         check_optional_int_option("max_model_len", max_model_len, MIN_MODEL_LEN)
         check_optional_int_option("num_threads", num_threads)
@@ -98,10 +105,19 @@ class LLM:
                 self.config, block_size, kv_storage_dtype(kv_cache_dtype, self.dtype),
                 DEFAULT_KV_CACHE_MEMORY if kv_cache_memory is None else kv_cache_memory,
             )
-        self.cache = PrefixCache(num_blocks, block_size, model_fingerprint=loaded.fingerprint)
+        host_slots = 0
+        if host_memory is not None:
+            host_slots = host_memory // kv_bytes_per_block(
+                self.config, block_size, kv_storage_dtype(kv_cache_dtype, self.dtype)
+            )
+            if host_slots < 1:
+                raise ValueError(f"kv_host_memory={kv_host_memory!r} holds no KV block")
+        self.cache = PrefixCache(num_blocks, block_size, model_fingerprint=loaded.fingerprint,
+                                 host_tier_blocks=host_slots)  # fmt: skip
         self.kv = PagedKVCache(
             self.config, num_blocks, block_size, self.dtype, self.device, kv_cache_dtype
         )
+        self.host_tier = HostKVTier(self.kv, host_slots) if host_slots else None
         scheduler = Scheduler(
             self.cache,
             max_num_seqs,
@@ -109,7 +125,7 @@ class LLM:
             enable_prefix_caching,
             SchedulingPolicy(scheduling_policy),
         )
-        runner = ModelRunner(loaded.model, self.kv, self.config.head_dim)
+        runner = ModelRunner(loaded.model, self.kv, self.config.head_dim, self.host_tier)
         eos = tuple(self.tokenizer.eos_token_ids or self.config.eos_token_ids)
         self.engine = EngineCore(
             scheduler, runner, self.tokenizer.decode, eos, self.max_model_len,
@@ -178,6 +194,10 @@ class LLM:
             request_errors=self.engine.num_request_errors,
             failed_steps=self.engine.num_failed_steps,
         )
+        if self.host_tier is not None:
+            stats.update(host_tier_bytes=self.host_tier.nbytes,
+                         host_tier_writebacks=self.host_tier.writebacks,
+                         host_tier_loads=self.host_tier.loads)  # fmt: skip
         return stats
 
     # ------------------------------------------------------------------ internals

@@ -6,6 +6,9 @@ scheduled requests and the copy ops from the scheduler.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
 import torch
 
 from prefixcache import CopyOp
@@ -21,6 +24,10 @@ from prefixcache.kernels import (
 )
 from prefixcache.kernels.cpu.decoder_layer import FUSED_DTYPES, PagedStep
 from prefixcache.kernels.quantization import read_stored
+
+if TYPE_CHECKING:
+    from prefixcache.engine.host_kv_tier import HostKVTier
+    from prefixcache.host_tier import TierCopy
 
 
 def copy_waves(ops: list[CopyOp]) -> list[list[CopyOp]]:
@@ -152,14 +159,23 @@ class PagedAttention:
 class ModelRunner:
     """Executes ``SchedulerOutput``s; returns logits of the sequences that sample this step."""
 
-    def __init__(self, model: torch.nn.Module, kv: PagedKVCache, head_dim: int) -> None:
-        """A quantized (fp8/int8) pool gets its static scales here, before any request."""
+    def __init__(self, model: torch.nn.Module, kv: PagedKVCache, head_dim: int,
+                 host_tier: HostKVTier | None = None) -> None:  # fmt: skip
+        """A quantized (fp8/int8) pool gets its static scales here, before any request.
+        ``host_tier`` holds the bytes of the prefix cache's host-memory tier, if it has one."""
         self.model = model
+        self.host_tier = host_tier
         self.device = model.device
         self.kv = kv
         self.scale = head_dim**-0.5
         self.copy_blocks = block_copier(kv.k, kv.v)  # copy-on-write copies, every layer
         calibrate_kv_scales(model, kv)
+
+    def apply_tier_copies(self, writebacks: Sequence[TierCopy], loads: Sequence[TierCopy]) -> None:
+        """The prefix cache's tier copies (write-backs, then loads), before the next step."""
+        if self.host_tier is None:
+            raise RuntimeError("tier copies without a host tier")
+        self.host_tier.apply(writebacks, loads)
 
     @torch.inference_mode()
     def execute(self, out: SchedulerOutput) -> torch.Tensor:  # [num_sampled, vocab] float32

@@ -194,6 +194,8 @@ class Scheduler:
         num_cached = 0
         partial: int | None = None
         if self.enable_prefix_caching:
+            # blocks the host tier holds past the pool's cached path come back first
+            self.cache.promote(request.all_tokens, request.salt, request.num_tokens - 1)
             match = self.cache.match(  # counted below, once admitted
                 request.all_tokens, request.salt, max_tokens=request.num_tokens - 1,
                 partial_block=True, count=False,

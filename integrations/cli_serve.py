@@ -83,6 +83,9 @@ def serve(
     num_blocks: Annotated[int | None, typer.Option(help="KV blocks (default: from memory).",
                                                    min=1)] = None,
     kv_cache_memory: Annotated[int | None, typer.Option(help="KV pool bytes.", min=1)] = None,
+    kv_host_memory: Annotated[str | None, typer.Option(
+        help="Host-memory KV tier under the pool (bytes or a size such as 8GiB): evicted "
+             "prefixes are kept there and loaded back.", show_default=False)] = None,
     max_model_len: Annotated[int | None, typer.Option(help="Context length cap.", min=2)] = None,
     dtype: Annotated[str | None, typer.Option(help="float32, bfloat16 or float16.")] = None,
     max_num_seqs: Annotated[int, typer.Option(help="Requests decoded together.", min=1)] = 64,
@@ -110,11 +113,13 @@ def serve(
 
     from prefixcache.engine.async_llm import AsyncLLM
     from prefixcache.engine.devices import resolve_device
+    from prefixcache.engine.engine_options import parse_memory_size
     from prefixcache.integrations.server import build_app
     from prefixcache.integrations.server.graceful_shutdown import DrainingServer
 
     try:  # what can be checked without the model, before minutes of loading
         check_kv_cache_dtype(kv_cache_dtype)
+        parse_memory_size("--kv-host-memory", kv_host_memory)
         resolve_device(device)
         check_bind(host, port)
     except (TypeError, ValueError) as error:
@@ -124,6 +129,7 @@ def serve(
             model=model, block_size=block_size, num_blocks=num_blocks,
             kv_cache_memory=kv_cache_memory, max_model_len=max_model_len, dtype=dtype,
             max_num_seqs=max_num_seqs, kv_cache_dtype=kv_cache_dtype, device=device,
+            kv_host_memory=kv_host_memory,
         )
     except Exception as error:  # a malformed file may trip the loader in any way
         from prefixcache.engine.model_registry import describe_load_error

@@ -18,8 +18,11 @@ from prefixcache.errors import CacheFull
 from prefixcache.events import BlockRemoved, BlockStored, CacheEvent
 from prefixcache.eviction_index import EvictionIndex
 from prefixcache.hashing import BlockHasher, chain_block_hashes, xxh3_block_hasher
+from prefixcache.host_tier import HostTierIndex, TierCopy
 from prefixcache.radix_node import RadixNode
 from prefixcache.radix_tree import NamespaceName, PathMatch, RadixTree
+from prefixcache.tier_moves import offer_evicted
+from prefixcache.tier_moves import promote as promote_from_tier
 from prefixcache.tokens import (
     ExtraKey,
     TokenIds,
@@ -75,7 +78,11 @@ class PrefixCache:
         model_fingerprint: str = "",
         enable_events: bool = False,
         block_hasher: BlockHasher | None = None,
+        host_tier_blocks: int = 0,
     ) -> None:
+        """``host_tier_blocks`` > 0 adds a host-memory tier of that many blocks under the pool
+        (``prefixcache.tier_moves``): evicted full blocks are written back to it and found again
+        by ``promote``; the engine carries out the copies ``take_tier_copies`` hands out."""
         if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
             raise ValueError(f"block_size must be a positive int, got {block_size!r}")
         if eviction not in EVICTION_POLICIES:
@@ -101,6 +108,10 @@ class PrefixCache:
         self.blocks_stored = 0
         self.blocks_removed = 0
         self._pinned: set[RadixNode] = set()  # nodes with pin_count > 0
+        self.host_tier = HostTierIndex(host_tier_blocks, block_size) if host_tier_blocks else None
+        self._tier_writebacks: list[TierCopy] = []  # (pool block -> tier slot), to copy first
+        self._tier_loads: list[TierCopy] = []  # (tier slot -> pool block), then these
+        self.tier_hit_blocks = 0
 
     @property
     def num_blocks(self) -> int:
@@ -195,6 +206,34 @@ class PrefixCache:
             partial = self.tree.partial_next(name, path, tokens, len(tokens))
             cached += 0 if partial is None else partial[1]
         return cached
+
+    def promote(
+        self,
+        token_ids: TokenIds,
+        salt: str | None = None,
+        max_tokens: int | None = None,
+        extra_keys: Sequence[ExtraKey] = (),
+    ) -> int:
+        """With a host tier: cache in the pool the full blocks after ``token_ids[:max_tokens]``'s
+        cached path that the tier holds (confirmed by their tokens), so the next ``match``
+        finds them; their loads are queued (``take_tier_copies``). Returns how many blocks
+        were promoted; 0 without a tier, when it holds none, or when the pool is full."""
+        if self.host_tier is None:
+            return 0
+        tokens = as_token_array(token_ids)
+        limit = _token_limit(tokens, check_max_tokens(max_tokens))
+        return promote_from_tier(self, tokens, salt, limit, canonical_extra_keys(extra_keys))
+
+    def take_tier_copies(self) -> tuple[list[TierCopy], list[TierCopy]]:
+        """The copies queued since the last call: write-backs ``(block, slot)`` (pool to tier)
+        and loads ``(block, slot)`` (tier to pool). Contract: the caller carries out every
+        write-back, then every load, before the next step writes into the pool and before this
+        cache is asked for anything else."""
+        writebacks, self._tier_writebacks = self._tier_writebacks, []
+        loads, self._tier_loads = self._tier_loads, []
+        if self.host_tier is not None:
+            self.host_tier.take_loads()
+        return [TierCopy(*c) for c in writebacks], [TierCopy(*c) for c in loads]
 
     def block_hashes(
         self, token_ids: TokenIds, salt: str | None = None, extra_keys: Sequence[ExtraKey] = ()
@@ -415,13 +454,16 @@ class PrefixCache:
                 return
         raise ValueError("no pinned prefix of these tokens is cached")
 
-    def reset(self) -> int:
-        """Evict every evictable block (pins and references respected); returns how many."""
+    def reset(self, host_tier: bool = True) -> int:
+        """Evict every evictable block (pins and references respected), nothing written back;
+        with ``host_tier`` the tier is emptied too. Returns how many pool blocks were evicted."""
         total = 0
         while len(self.index):
             node = self.tree.nodes[self.index.first()]
             assert node is not None
-            total += self._evict_from(node, len(node.block_ids))
+            total += self._evict_from(node, len(node.block_ids), write_back=False)
+        if host_tier and self.host_tier is not None:
+            self.host_tier.clear()
         return total
 
     # ------------------------------------------------------------------ observability
@@ -445,7 +487,18 @@ class PrefixCache:
             "nodes": sum(node is not None for node in self.tree.nodes),
             "pinned_nodes": len(self._pinned),
             "pinned_blocks": self.num_pinned_blocks,
+            **self._tier_stats(),
         }
+
+    def _tier_stats(self) -> dict[str, int]:
+        if self.host_tier is None:
+            return {}
+        tier = self.host_tier.stats()
+        return {
+            "host_tier_slots": tier["slots"], "host_tier_blocks": tier["blocks"],
+            "host_tier_stores": tier["stores"], "host_tier_evictions": tier["evictions"],
+            "host_tier_hit_tokens": self.tier_hit_blocks * self.block_size,
+        }  # fmt: skip
 
     def drain_events(self) -> list[CacheEvent]:
         """Stored/removed block-hash events since the last drain (empty unless enabled)."""
@@ -599,8 +652,9 @@ class PrefixCache:
             assert node is not None
             need -= self._evict_from(node, need)
 
-    def _evict_from(self, node: RadixNode, limit: int) -> int:
-        """Evict up to ``limit`` unreferenced tail blocks of evictable leaf ``node``."""
+    def _evict_from(self, node: RadixNode, limit: int, write_back: bool = True) -> int:
+        """Evict up to ``limit`` unreferenced tail blocks of evictable leaf ``node`` (full ones
+        offered to the host tier first, unless not ``write_back``)."""
         # the index guarantees the last block is unreferenced, so one block needs no scan
         count = 1 if limit == 1 else min(self._reclaimable_tail(node), limit)
         parent = node.parent
@@ -608,6 +662,8 @@ class PrefixCache:
         if whole:
             self.index.set_evictable(node, False)
         full = not self.tree.is_partial(int(node.block_ids[-1]))
+        if full and write_back and self.host_tier is not None:
+            offer_evicted(self, node, count)
         removed = self.tree.remove_tail(node, count)
         self.pool.put_free(removed)
         self.evictions += count

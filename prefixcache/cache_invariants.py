@@ -48,6 +48,8 @@ def check_cache_invariants(cache: PrefixCache) -> None:
     stats = cache.stats()
     assert stats["free"] + stats["in_use"] + stats["cached"] == stats["num_blocks"]
     assert stats["cached"] == int(np.count_nonzero(seen & (pool.ref == 0)))
+    if cache.host_tier is not None:
+        cache.host_tier.check_invariants()
 
 
 def _check_node(cache: PrefixCache, node: RadixNode, parent_hash: int, seen: np.ndarray) -> None:

@@ -36,6 +36,17 @@ ENGINE_SERIES: tuple[tuple[str, str, str, str], ...] = (
     ("failed_steps", "engine_failed_steps_total",
      "Engine steps whose model forward raised", "counter"),
     ("waiting", "num_requests_waiting", "Requests waiting for admission", "gauge"),
+    ("host_tier_hit_tokens", "host_tier_hits_tokens_total",
+     "Prompt tokens loaded from the host-memory KV tier instead of computed", "counter"),
+    ("host_tier_blocks", "host_tier_blocks", "KV blocks the host-memory tier holds", "gauge"),
+    ("host_tier_slots", "host_tier_capacity_blocks", "KV blocks the host-memory tier can hold",
+     "gauge"),
+    ("host_tier_writebacks", "host_tier_writebacks_total",
+     "Evicted KV blocks copied into the host-memory tier", "counter"),
+    ("host_tier_loads", "host_tier_loads_total",
+     "KV blocks copied from the host-memory tier back into the pool", "counter"),
+    ("host_tier_evictions", "host_tier_evictions_total",
+     "KV blocks the host-memory tier dropped to make room", "counter"),
 )
 
 

@@ -1,0 +1,48 @@
+"""`prefixcache serve` with a host-memory KV tier: an evicted prompt comes back as a tier hit,
+visible in /v1/cache/stats and /metrics; the answer is the one the prompt got first."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import httpx
+from integration_helpers import SERVED_NAME, counter_value
+
+from prefixcache.engine.async_llm import AsyncLLM
+from prefixcache.engine.llm import LLM
+from prefixcache.integrations.server import BackgroundServer, build_app
+
+DOCUMENT = " ".join(f"word{i % 37}" for i in range(20))
+
+
+def complete(client: httpx.Client, base: str, prompt: str) -> str:
+    body = {"model": SERVED_NAME, "prompt": prompt, "max_tokens": 6, "temperature": 0}
+    response = client.post(f"{base}/v1/completions", json=body)
+    assert response.status_code == 200, response.text
+    return response.json()["choices"][0]["text"]
+
+
+def test_an_evicted_prompt_is_served_from_the_tier(tiny_chat_dir: Path) -> None:
+    llm = LLM(str(tiny_chat_dir), dtype="float32", num_blocks=48, block_size=4,
+              kv_host_memory="2MiB")  # fmt: skip
+    engine = AsyncLLM(llm)
+    try:
+        with BackgroundServer(build_app(engine, model_name=SERVED_NAME)) as server, \
+                httpx.Client(timeout=60) as client:  # fmt: skip
+            base = server.base_url
+            first = complete(client, base, DOCUMENT + " question one")
+            for k in range(3):  # other documents push it out of the 48-block pool
+                complete(client, base, " ".join(f"other{k}x{i}" for i in range(20)))
+            again = complete(client, base, DOCUMENT + " question one")
+            stats = client.get(f"{base}/v1/cache/stats").json()
+            metrics = client.get(f"{base}/metrics").text
+    finally:
+        engine.shutdown()
+    assert again == first
+    assert stats["host_tier_hit_tokens"] > 0 and stats["host_tier_blocks"] > 0
+    assert stats["in_use"] == 0
+    hits = counter_value(metrics, "prefixcache_host_tier_hits_tokens_total ")
+    assert hits == stats["host_tier_hit_tokens"]
+    assert counter_value(metrics, "prefixcache_host_tier_capacity_blocks ") == stats[
+        "host_tier_slots"
+    ]
