@@ -41,7 +41,8 @@ def blocks_for_memory(config: ModelConfig, block_size: int, dtype: torch.dtype, 
 
 
 class PagedKVCache:
-    """Per-layer K and V pools: ``k[layer]`` is [num_blocks, block_size, num_kv_heads, head_dim].
+    """Per-layer K and V pools: ``k[layer]`` is [num_blocks, block_size, num_kv_heads, head_dim]
+    (contiguous).
 
     ``dtype`` is the model's compute dtype; ``kv_cache_dtype`` ("auto", "fp8", "int8") picks
     the stored dtype. Quantized pools carry ``k_scale[layer]`` / ``v_scale[layer]``
@@ -56,15 +57,22 @@ class PagedKVCache:
         dtype: torch.dtype,
         device: torch.device | str = "cpu",
         kv_cache_dtype: str = "auto",
+        extra_rows: int = 0,
     ) -> None:
-        shape = (num_blocks, block_size, config.num_kv_heads, config.head_dim)
+        """``extra_rows`` more blocks per layer are allocated after the pool's in the same
+        tensors (``k_rows`` / ``v_rows``; ``k`` / ``v`` view the pool's rows): the host tier of a
+        CPU engine lives there, so its copies are block copies within one tensor."""
+        rows = (num_blocks + extra_rows, block_size, config.num_kv_heads, config.head_dim)
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.kv_cache_dtype = kv_cache_dtype
         self.dtype = kv_storage_dtype(kv_cache_dtype, dtype)
         layers = range(config.num_layers)
-        self.k = [torch.zeros(shape, dtype=self.dtype, device=device) for _ in layers]
-        self.v = [torch.zeros(shape, dtype=self.dtype, device=device) for _ in layers]
+        # [num_blocks + extra_rows, ...] per layer; the pools are views of their first rows
+        self.k_rows = [torch.zeros(rows, dtype=self.dtype, device=device) for _ in layers]
+        self.v_rows = [torch.zeros(rows, dtype=self.dtype, device=device) for _ in layers]
+        self.k = [t[:num_blocks] for t in self.k_rows]
+        self.v = [t[:num_blocks] for t in self.v_rows]
         scale_shape = (config.num_kv_heads, config.head_dim)
         ones = [torch.ones(scale_shape, device=device) for _ in layers] if self.quantized else None
         self.k_scale: list[torch.Tensor | None] = ones or [None for _ in layers]

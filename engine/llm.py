@@ -115,7 +115,8 @@ class LLM:
         self.cache = PrefixCache(num_blocks, block_size, model_fingerprint=loaded.fingerprint,
                                  host_tier_blocks=host_slots)  # fmt: skip
         self.kv = PagedKVCache(
-            self.config, num_blocks, block_size, self.dtype, self.device, kv_cache_dtype
+            self.config, num_blocks, block_size, self.dtype, self.device, kv_cache_dtype,
+            extra_rows=0 if self.device.type == "cuda" else host_slots,
         )
         self.host_tier = HostKVTier(self.kv, host_slots) if host_slots else None
         scheduler = Scheduler(

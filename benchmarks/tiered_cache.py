@@ -1,0 +1,169 @@
+"""The host-memory KV tier on SmolLM2: TTFT of a long prefix served from the pool (L1), from
+the host tier (L2) and recomputed, and what write-back costs a workload with no hits.
+
+1. TTFT, one engine with a pool of ``--pool-tokens`` and a host tier: each round warms a new
+   ``--prefix`` token prefix, asks it again with a new ``--suffix`` token suffix (an L1 hit),
+   pushes it out of the pool with a prompt that fills the pool (it is written back to L2),
+   asks it again (an L2 hit: promoted and loaded), and sends a prefix never seen (recomputed).
+   Medians over ``--rounds``; targets L2 <= 1.2x L1 and L2 <= 0.1x recompute.
+2. Write-back cost: ``--unique`` prompts of ``--unique-tokens`` tokens, no two alike, through a
+   pool a tenth their size (every block is evicted, so every one is written back), on the same
+   engine with the tier and on one without, rounds interleaved: tokens/s with / without
+   (target >= 0.98). The tier's copy bandwidth is reported against a plain ``torch`` copy of
+   the same bytes.
+
+    python benchmarks/tiered_cache.py [--rounds 5] [--out results/tiered_cache.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+from bench_report import write_json
+
+from prefixcache.engine import LLM, SamplingParams
+
+FIRST_TOKEN = SamplingParams(max_tokens=1, temperature=0.0)
+
+
+def random_tokens(rng: np.random.Generator, count: int) -> list[int]:
+    return rng.integers(100, 40000, size=count).tolist()
+
+
+def ttft(llm: LLM, tokens: list[int]) -> float:
+    start = time.perf_counter()
+    llm.generate([tokens], FIRST_TOKEN)
+    return time.perf_counter() - start
+
+
+def ttft_by_tier(args: argparse.Namespace) -> dict[str, Any]:
+    block = 16
+    llm = LLM(num_blocks=args.pool_tokens // block, block_size=block,
+              kv_host_memory=args.host_memory)  # fmt: skip
+    rng = np.random.default_rng(0)
+    ttft(llm, random_tokens(rng, 64))  # warm-up
+    times: dict[str, list[float]] = {"L1": [], "L2": [], "recompute": []}
+    loads_before = llm.stats()["host_tier_hit_tokens"]
+    for _ in range(args.rounds):
+        prefix = random_tokens(rng, args.prefix)
+        ttft(llm, prefix)  # warm
+        times["L1"].append(ttft(llm, prefix + random_tokens(rng, args.suffix)))
+        ttft(llm, random_tokens(rng, args.pool_tokens - block))  # fills the pool: all out
+        hits = llm.stats()["host_tier_hit_tokens"]
+        times["L2"].append(ttft(llm, prefix + random_tokens(rng, args.suffix)))
+        promoted = llm.stats()["host_tier_hit_tokens"] - hits
+        if promoted < args.prefix - block:
+            raise RuntimeError(f"the L2 request loaded {promoted} tokens, not the prefix")
+        times["recompute"].append(ttft(llm, random_tokens(rng, args.prefix + args.suffix)))
+    medians = {name: statistics.median(values) for name, values in times.items()}
+    stats = llm.stats()
+    llm.cache.check_invariants()
+    return {
+        "seconds": times, "medians": medians,
+        "l2_over_l1": medians["L2"] / medians["L1"],
+        "l2_over_recompute": medians["L2"] / medians["recompute"],
+        "l1_over_recompute": medians["L1"] / medians["recompute"],
+        "tier_hit_tokens": stats["host_tier_hit_tokens"] - loads_before,
+        "host_tier_bytes": stats["host_tier_bytes"],
+    }
+
+
+def write_back_cost(args: argparse.Namespace) -> dict[str, Any]:
+    """Tokens/s of unique prompts with and without the tier (every block evicted)."""
+    block = 16
+    pool = max(args.unique_tokens // block * 2, args.unique * args.unique_tokens // block // 10)
+    engines = {
+        "tier": LLM(num_blocks=pool, block_size=block, kv_host_memory=args.host_memory),
+        "none": LLM(num_blocks=pool, block_size=block),
+    }
+    rng = np.random.default_rng(1)
+    rates: dict[str, list[float]] = {name: [] for name in engines}
+    for llm in engines.values():
+        llm.generate([random_tokens(rng, 64)], FIRST_TOKEN)  # warm-up
+    for round_index in range(args.rounds):
+        order = list(engines) if round_index % 2 == 0 else list(engines)[::-1]
+        for name in order:
+            prompts = [random_tokens(rng, args.unique_tokens) for _ in range(args.unique)]
+            start = time.perf_counter()
+            for prompt in prompts:
+                engines[name].generate([prompt], FIRST_TOKEN)
+            rates[name].append(args.unique * args.unique_tokens / (time.perf_counter() - start))
+    tier = engines["tier"]
+    stats = tier.stats()
+    assert stats["host_tier_writebacks"] > 0, "nothing was written back"
+    tier.cache.check_invariants()
+    pairs = [t / n for t, n in zip(rates["tier"], rates["none"], strict=True)]
+    return {
+        "tokens_per_s": rates, "median_pair_ratio": statistics.median(pairs),
+        "ratio_of_medians": statistics.median(rates["tier"]) / statistics.median(rates["none"]),
+        "writebacks": stats["host_tier_writebacks"], "pool_blocks": pool,
+        "copy_gbps": copy_bandwidth(tier),
+    }
+
+
+def copy_bandwidth(llm: LLM) -> dict[str, float]:
+    """GB/s of the tier's write-back of 64 blocks (every layer) against torch copying the
+    same bytes between two contiguous buffers."""
+    tier = llm.host_tier
+    assert tier is not None
+    from prefixcache.host_tier import TierCopy
+
+    count = min(64, tier.num_slots, llm.cache.num_blocks)
+    copies = [TierCopy(block, block) for block in range(count)]
+    nbytes = 2 * sum(t[0].numel() * t.element_size() for t in llm.kv.k) * len(copies)
+    source = torch.empty(nbytes, dtype=torch.uint8)
+    target = torch.empty_like(source)
+
+    def best(fn) -> float:
+        fn()
+        fastest = float("inf")
+        for _ in range(5):
+            start = time.perf_counter()
+            fn()
+            fastest = min(fastest, time.perf_counter() - start)
+        return nbytes / fastest / 1e9
+
+    return {"tier_writeback": best(lambda: tier.apply(copies, [])),
+            "tier_load": best(lambda: tier.apply([], copies)),
+            "torch_copy": best(lambda: target.copy_(source))}  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--prefix", type=int, default=4096)
+    parser.add_argument("--suffix", type=int, default=64)
+    parser.add_argument("--pool-tokens", type=int, default=4608)
+    parser.add_argument("--host-memory", default="1GiB")
+    parser.add_argument("--unique", type=int, default=16)
+    parser.add_argument("--unique-tokens", type=int, default=512)
+    parser.add_argument("--out", default="results/tiered_cache.json")
+    args = parser.parse_args()
+    by_tier = ttft_by_tier(args)
+    m = by_tier["medians"]
+    print(f"TTFT, {args.prefix}-token prefix + {args.suffix}: L1 {m['L1']:.3f} s, L2 "
+          f"{m['L2']:.3f} s, recompute {m['recompute']:.3f} s; L2 / L1 "
+          f"{by_tier['l2_over_l1']:.2f} (target <= 1.2), L2 / recompute "
+          f"{by_tier['l2_over_recompute']:.3f} (target <= 0.1)", flush=True)  # fmt: skip
+    cost = write_back_cost(args)
+    bw = cost["copy_gbps"]
+    print(f"0% hits, every block written back: tokens/s with / without the tier "
+          f"{cost['median_pair_ratio']:.3f} by pairs, {cost['ratio_of_medians']:.3f} by medians "
+          f"(target >= 0.98); {cost['writebacks']} write-backs")  # fmt: skip
+    print(f"copy GB/s: write-back {bw['tier_writeback']:.1f}, load {bw['tier_load']:.1f}, "
+          f"torch copy of the same bytes {bw['torch_copy']:.1f}")
+    write_json(args.out, {"args": vars(args), "ttft": by_tier, "write_back": cost,
+                          "torch": torch.__version__})  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
