@@ -11,6 +11,9 @@ the host tier (L2) and recomputed, and what write-back costs a workload with no 
    engine with the tier and on one without, rounds interleaved: tokens/s with / without
    (target >= 0.98). The tier's copy bandwidth is reported against a plain ``torch`` copy of
    the same bytes.
+3. Capacity: ``--sessions`` agent sessions (a ``--history`` token start, ``--turn-tokens`` more
+   each turn) visited in turn for ``--turns`` turns, through a pool a quarter of their size,
+   alone and with the tier, and through a pool that holds them all: hit rate and mean TTFT.
 
     python benchmarks/tiered_cache.py [--rounds 5] [--out results/tiered_cache.json]
 """
@@ -110,6 +113,36 @@ def write_back_cost(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def capacity(args: argparse.Namespace) -> dict[str, Any]:
+    """Agent sessions visited in turn, more than the pool holds: hit rate and mean TTFT with
+    the pool alone, the pool + the host tier, and a pool big enough for everything."""
+    block = 16
+    total = args.sessions * (args.history + args.turns * args.turn_tokens)
+    pools = {"pool only": total // block // 4, "pool + host tier": total // block // 4,
+             "unbounded pool": total // block + 64}  # fmt: skip
+    results = {}
+    for name, blocks in pools.items():
+        tier = args.host_memory if name == "pool + host tier" else None
+        llm = LLM(num_blocks=blocks, block_size=block, kv_host_memory=tier)
+        rng = np.random.default_rng(2)
+        histories = [random_tokens(rng, args.history) for _ in range(args.sessions)]
+        llm.generate([random_tokens(rng, 32)], FIRST_TOKEN)  # warm-up
+        before = llm.stats()
+        times = []
+        for _ in range(args.turns):
+            for history in histories:
+                history += random_tokens(rng, args.turn_tokens)
+                times.append(ttft(llm, history))
+        stats = llm.stats()
+        hit = stats["hit_tokens"] - before["hit_tokens"]
+        query = stats["query_tokens"] - before["query_tokens"]
+        results[name] = {"hit_rate": hit / query, "mean_ttft_s": statistics.mean(times),
+                         "pool_blocks": blocks,
+                         "tier_hit_tokens": stats.get("host_tier_hit_tokens", 0)}  # fmt: skip
+        llm.cache.check_invariants()
+    return results
+
+
 def copy_bandwidth(llm: LLM) -> dict[str, float]:
     """GB/s of the tier's write-back of 64 blocks (every layer) against torch copying the
     same bytes between two contiguous buffers."""
@@ -146,6 +179,10 @@ def main() -> None:
     parser.add_argument("--host-memory", default="1GiB")
     parser.add_argument("--unique", type=int, default=16)
     parser.add_argument("--unique-tokens", type=int, default=512)
+    parser.add_argument("--sessions", type=int, default=12)
+    parser.add_argument("--history", type=int, default=768)
+    parser.add_argument("--turns", type=int, default=4)
+    parser.add_argument("--turn-tokens", type=int, default=48)
     parser.add_argument("--out", default="results/tiered_cache.json")
     args = parser.parse_args()
     by_tier = ttft_by_tier(args)
@@ -161,8 +198,12 @@ def main() -> None:
           f"(target >= 0.98); {cost['writebacks']} write-backs")  # fmt: skip
     print(f"copy GB/s: write-back {bw['tier_writeback']:.1f}, load {bw['tier_load']:.1f}, "
           f"torch copy of the same bytes {bw['torch_copy']:.1f}")
+    sessions = capacity(args)
+    for name, row in sessions.items():
+        print(f"{args.sessions} sessions x {args.turns} turns, {name} ({row['pool_blocks']} "
+              f"blocks): hit rate {row['hit_rate']:.1%}, mean TTFT {row['mean_ttft_s']:.3f} s")
     write_json(args.out, {"args": vars(args), "ttft": by_tier, "write_back": cost,
-                          "torch": torch.__version__})  # fmt: skip
+                          "capacity": sessions, "torch": torch.__version__})  # fmt: skip
 
 
 if __name__ == "__main__":

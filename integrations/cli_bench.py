@@ -96,6 +96,8 @@ def bench(
     prefix_len: Annotated[int | None, typer.Option(help="prefix-repetition.")] = None,
     suffix_len: Annotated[int | None, typer.Option(help="prefix-repetition.")] = None,
     num_blocks: Annotated[int | None, typer.Option(help="Embedded KV pool blocks.")] = None,
+    kv_host_memory: Annotated[str | None, typer.Option(
+        help="Embedded host-memory KV tier (bytes or a size such as 8GiB).")] = None,
     dtype: Annotated[str | None, typer.Option(help="Embedded dtype (bf16, float32).")] = None,
     device: Annotated[str | None, typer.Option(help="Embedded device: cpu, cuda.")] = None,
     timeout: Annotated[float, typer.Option(help="Per-request timeout for --url (s).")] = 300.0,
@@ -148,7 +150,8 @@ def bench(
             from prefixcache.engine.devices import resolve_device
 
             resolve_device(device)  # a bad name fails here, not once per request
-        llm_kwargs = _llm_kwargs(num_blocks=num_blocks, dtype=dtype, device=device)
+        llm_kwargs = _llm_kwargs(num_blocks=num_blocks, dtype=dtype, device=device,
+                                 kv_host_memory=kv_host_memory)  # fmt: skip
         options = BenchOptions(
             workload=workload,
             trace_file=trace_file,

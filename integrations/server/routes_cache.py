@@ -6,9 +6,9 @@ chat template, without the final assistant header's effect on earlier blocks).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Query, Request
 
 from prefixcache.engine.sampling_params import SamplingParams
 from prefixcache.integrations.server import protocol as p
@@ -101,6 +101,11 @@ async def stats(state: State) -> dict[str, Any]:
 
 
 @router.post("/reset", response_model=info.ResetResponse, responses=error_responses(503))
-async def reset(state: State) -> dict[str, Any]:
-    """Evict every evictable cached block (in-use and pinned blocks stay)."""
-    return {"evicted_blocks": await call_engine(state, lambda llm: llm.cache.reset())}
+async def reset(
+    state: State,
+    host_tier: Annotated[bool, Query(description="Also empty the host-memory KV tier.")] = True,
+) -> dict[str, Any]:
+    """Evict every evictable cached block (in-use and pinned blocks stay); with
+    ``host_tier=false`` the host-memory tier keeps its blocks."""
+    evicted = await call_engine(state, lambda llm: llm.cache.reset(host_tier=host_tier))
+    return {"evicted_blocks": evicted}

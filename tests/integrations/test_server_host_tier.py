@@ -46,3 +46,27 @@ def test_an_evicted_prompt_is_served_from_the_tier(tiny_chat_dir: Path) -> None:
     assert counter_value(metrics, "prefixcache_host_tier_capacity_blocks ") == stats[
         "host_tier_slots"
     ]
+
+
+def test_reset_empties_the_tier_unless_told_to_keep_it(tiny_chat_dir: Path) -> None:
+    llm = LLM(str(tiny_chat_dir), dtype="float32", num_blocks=48, block_size=4,
+              kv_host_memory="2MiB")  # fmt: skip
+    engine = AsyncLLM(llm)
+    try:
+        with BackgroundServer(build_app(engine, model_name=SERVED_NAME)) as server, \
+                httpx.Client(timeout=60) as client:  # fmt: skip
+            base = server.base_url
+            for k in range(4):
+                complete(client, base, " ".join(f"doc{k}w{i}" for i in range(20)))
+            held = client.get(f"{base}/v1/cache/stats").json()["host_tier_blocks"]
+            kept = client.post(f"{base}/v1/cache/reset", params={"host_tier": "false"})
+            after_keep = client.get(f"{base}/v1/cache/stats").json()
+            emptied = client.post(f"{base}/v1/cache/reset")
+            after_empty = client.get(f"{base}/v1/cache/stats").json()
+            bad = client.post(f"{base}/v1/cache/reset", params={"host_tier": "maybe"})
+    finally:
+        engine.shutdown()
+    assert held > 0 and kept.status_code == emptied.status_code == 200
+    assert after_keep["host_tier_blocks"] == held and after_keep["cached"] == 0
+    assert after_empty["host_tier_blocks"] == 0
+    assert bad.status_code == 400
