@@ -244,6 +244,10 @@ class AsyncLLM:
                 streams = list(self._streams)
             for request_id in streams:
                 self._deliver(request_id, self._dead)
+        try:  # what the disk tier was handed is written before the worker ends
+            loaded.result().flush_tiers()
+        except Exception:
+            logger.exception("the disk KV tier could not finish its writes")
 
     def _handle(self, kind: str, payload: Any) -> None:
         engine = self.llm.engine

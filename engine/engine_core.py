@@ -111,6 +111,7 @@ class EngineCore:
         """Run one scheduler step; returns the state of every request that changed, or, with
         ``finished_only``, of those that finished (the others' text is then not decoded: a
         caller that does not stream skips a decode of each running request's output a step)."""
+        self._persist_committed()  # blocks cached outside a step (none are written before this)
         out = self.scheduler.schedule()
         self._move_tier_blocks()
         touched: dict[str, RequestGroup] = {}
@@ -136,9 +137,17 @@ class EngineCore:
     def _move_tier_blocks(self) -> None:
         """The copies the schedule queued between the pool and the host tier (blocks it
         evicted, blocks it promoted), before anything writes into the pool."""
-        writebacks, loads = self.scheduler.cache.take_tier_copies()
-        if writebacks or loads:
-            self.runner.apply_tier_copies(writebacks, loads)
+        cache = self.scheduler.cache
+        writebacks, loads = cache.take_tier_copies()
+        disk_loads = cache.take_disk_loads()
+        if writebacks or loads or disk_loads:
+            self.runner.apply_tier_copies(writebacks, loads, disk_loads)
+
+    def _persist_committed(self) -> None:
+        """Blocks the cache took in since the last call, to the disk tier (bytes read now)."""
+        blocks = self.scheduler.cache.take_persist()
+        if blocks:
+            self.runner.persist(blocks)
 
     def _run_step(self, out: SchedulerOutput, touched: dict[str, RequestGroup]) -> None:
         """Forward ``out``, commit its blocks, sample and check each sampled row; a failure
@@ -166,6 +175,7 @@ class EngineCore:
             self._contain_failed_forward(out, error, touched)
             return
         self.scheduler.commit_step(out)
+        self._persist_committed()
         now = time.perf_counter()
         for row, (request, group) in enumerate(zip(sampled, groups, strict=True)):
             touched[group.request_id] = group

@@ -12,6 +12,8 @@ import torch
 
 from prefixcache import PrefixCache
 from prefixcache.engine.devices import resolve_device
+from prefixcache.engine.disk_kv_store import DiskKVStore, store_key
+from prefixcache.engine.disk_kv_tier import DiskKVTier
 from prefixcache.engine.engine_core import EngineCore
 from prefixcache.engine.engine_options import (
     MIN_MODEL_LEN,
@@ -35,6 +37,7 @@ from prefixcache.kernels import kv_storage_dtype
 from prefixcache.tokens import check_salt
 
 DEFAULT_KV_CACHE_MEMORY = 1 << 30
+DEFAULT_KV_DISK_SIZE = 10 << 30
 DEFAULT_MAX_MODEL_LEN = 8192
 
 
@@ -54,7 +57,10 @@ class LLM:
     CPU path (see ``prefixcache.kernels``). ``kv_host_memory`` (bytes, or a size such as
     ``"8GiB"``) adds a host-memory tier under the pool: full blocks the pool evicts are copied
     there, and a prompt whose next blocks it holds loads them back instead of computing them
-    (``prefixcache.tier_moves``); ``stats()`` counts them (``host_tier_*``).
+    (``prefixcache.tier_moves``); ``stats()`` counts them (``host_tier_*``). ``kv_disk_dir``
+    (with ``kv_disk_size``, 10 GiB by default) adds a persistent disk tier: every full block
+    computed is written there in the background, found again after a restart, and read back
+    past the pool and the host tier (``disk_tier_*``); ``flush_tiers()`` waits for the writes.
     """
 
     def __init__(
@@ -74,9 +80,14 @@ class LLM:
         kv_cache_dtype: str = "auto",
         device: str | torch.device | None = None,
         kv_host_memory: int | str | None = None,
+        kv_disk_dir: str | Path | None = None,
+        kv_disk_size: int | str | None = None,
     ) -> None:
         check_int_option("block_size", block_size)
         host_memory = parse_memory_size("kv_host_memory", kv_host_memory)
+        disk_size = parse_memory_size("kv_disk_size", kv_disk_size)
+        if disk_size is not None and kv_disk_dir is None:
+            raise ValueError("kv_disk_size needs kv_disk_dir")
         check_kv_pool_size(num_blocks, kv_cache_memory)
         check_optional_int_option("max_model_len", max_model_len, MIN_MODEL_LEN)
         check_optional_int_option("num_threads", num_threads)
@@ -119,6 +130,17 @@ class LLM:
             extra_rows=0 if self.device.type == "cuda" else host_slots,
         )
         self.host_tier = HostKVTier(self.kv, host_slots) if host_slots else None
+        self.disk_tier = None
+        if kv_disk_dir is not None:
+            storage = kv_storage_dtype(kv_cache_dtype, self.dtype)
+            key = store_key(loaded.fingerprint, str(storage), block_size, self.config.num_layers,
+                            self.config.num_kv_heads, self.config.head_dim)  # fmt: skip
+            store = DiskKVStore(
+                Path(kv_disk_dir), key, kv_bytes_per_block(self.config, block_size, storage),
+                DEFAULT_KV_DISK_SIZE if disk_size is None else disk_size,
+            )
+            self.disk_tier = DiskKVTier(self.kv, store)
+            self.cache.set_lower_tier(self.disk_tier)
         scheduler = Scheduler(
             self.cache,
             max_num_seqs,
@@ -126,7 +148,8 @@ class LLM:
             enable_prefix_caching,
             SchedulingPolicy(scheduling_policy),
         )
-        runner = ModelRunner(loaded.model, self.kv, self.config.head_dim, self.host_tier)
+        runner = ModelRunner(loaded.model, self.kv, self.config.head_dim, self.host_tier,
+                             self.disk_tier)  # fmt: skip
         eos = tuple(self.tokenizer.eos_token_ids or self.config.eos_token_ids)
         self.engine = EngineCore(
             scheduler, runner, self.tokenizer.decode, eos, self.max_model_len,
@@ -183,6 +206,12 @@ class LLM:
         """Token ids of one prompt, validated against the vocabulary and max_model_len."""
         return self._encode_one(prompt).tolist()
 
+    def flush_tiers(self) -> None:
+        """Wait until every block handed to the disk tier is written (a no-op without one)."""
+        if self.disk_tier is not None:
+            self.engine._persist_committed()
+            self.disk_tier.flush()
+
     def stats(self) -> dict[str, Any]:
         """Prefix-cache counters plus engine counters."""
         stats = self.cache.stats()
@@ -195,6 +224,8 @@ class LLM:
             request_errors=self.engine.num_request_errors,
             failed_steps=self.engine.num_failed_steps,
         )
+        if self.disk_tier is not None:
+            stats.update(self.disk_tier.stats())
         if self.host_tier is not None:
             stats.update(host_tier_bytes=self.host_tier.nbytes,
                          host_tier_writebacks=self.host_tier.writebacks,

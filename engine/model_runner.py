@@ -26,8 +26,9 @@ from prefixcache.kernels.cpu.decoder_layer import FUSED_DTYPES, PagedStep
 from prefixcache.kernels.quantization import read_stored
 
 if TYPE_CHECKING:
+    from prefixcache.engine.disk_kv_tier import DiskKVTier
     from prefixcache.engine.host_kv_tier import HostKVTier
-    from prefixcache.host_tier import TierCopy
+    from prefixcache.host_tier import PersistBlock, TierCopy
 
 
 def copy_waves(ops: list[CopyOp]) -> list[list[CopyOp]]:
@@ -160,22 +161,37 @@ class ModelRunner:
     """Executes ``SchedulerOutput``s; returns logits of the sequences that sample this step."""
 
     def __init__(self, model: torch.nn.Module, kv: PagedKVCache, head_dim: int,
-                 host_tier: HostKVTier | None = None) -> None:  # fmt: skip
+                 host_tier: HostKVTier | None = None,
+                 disk_tier: DiskKVTier | None = None) -> None:  # fmt: skip
         """A quantized (fp8/int8) pool gets its static scales here, before any request.
-        ``host_tier`` holds the bytes of the prefix cache's host-memory tier, if it has one."""
+        ``host_tier`` / ``disk_tier`` hold the bytes of the prefix cache's tiers, if any."""
         self.model = model
         self.host_tier = host_tier
+        self.disk_tier = disk_tier
         self.device = model.device
         self.kv = kv
         self.scale = head_dim**-0.5
         self.copy_blocks = block_copier(kv.k, kv.v)  # copy-on-write copies, every layer
         calibrate_kv_scales(model, kv)
 
-    def apply_tier_copies(self, writebacks: Sequence[TierCopy], loads: Sequence[TierCopy]) -> None:
-        """The prefix cache's tier copies (write-backs, then loads), before the next step."""
-        if self.host_tier is None:
-            raise RuntimeError("tier copies without a host tier")
-        self.host_tier.apply(writebacks, loads)
+    def apply_tier_copies(self, writebacks: Sequence[TierCopy], loads: Sequence[TierCopy],
+                          disk_loads: Sequence[tuple[int, bytes]] = ()) -> None:  # fmt: skip
+        """The prefix cache's tier copies before the next step: host write-backs, host loads,
+        then the payloads read from disk into their pool blocks."""
+        if writebacks or loads:
+            if self.host_tier is None:
+                raise RuntimeError("host tier copies without a host tier")
+            self.host_tier.apply(writebacks, loads)
+        if disk_loads:
+            if self.disk_tier is None:
+                raise RuntimeError("disk loads without a disk tier")
+            for block, payload in disk_loads:
+                self.disk_tier.load(block, payload)
+
+    def persist(self, blocks: Sequence[PersistBlock]) -> None:
+        """Hand newly cached blocks (their bytes read now) to the disk tier's writer."""
+        if self.disk_tier is not None and blocks:
+            self.disk_tier.persist(blocks)
 
     @torch.inference_mode()
     def execute(self, out: SchedulerOutput) -> torch.Tensor:  # [num_sampled, vocab] float32

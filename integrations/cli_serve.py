@@ -86,6 +86,11 @@ def serve(
     kv_host_memory: Annotated[str | None, typer.Option(
         help="Host-memory KV tier under the pool (bytes or a size such as 8GiB): evicted "
              "prefixes are kept there and loaded back.", show_default=False)] = None,
+    kv_disk_dir: Annotated[str | None, typer.Option(
+        help="Persistent disk KV tier: every computed block is written here and found again "
+             "after a restart.", show_default=False)] = None,
+    kv_disk_size: Annotated[str | None, typer.Option(
+        help="Bytes the disk tier may hold (default 10GiB).", show_default=False)] = None,
     max_model_len: Annotated[int | None, typer.Option(help="Context length cap.", min=2)] = None,
     dtype: Annotated[str | None, typer.Option(help="float32, bfloat16 or float16.")] = None,
     max_num_seqs: Annotated[int, typer.Option(help="Requests decoded together.", min=1)] = 64,
@@ -120,6 +125,7 @@ def serve(
     try:  # what can be checked without the model, before minutes of loading
         check_kv_cache_dtype(kv_cache_dtype)
         parse_memory_size("--kv-host-memory", kv_host_memory)
+        parse_memory_size("--kv-disk-size", kv_disk_size)
         resolve_device(device)
         check_bind(host, port)
     except (TypeError, ValueError) as error:
@@ -129,7 +135,7 @@ def serve(
             model=model, block_size=block_size, num_blocks=num_blocks,
             kv_cache_memory=kv_cache_memory, max_model_len=max_model_len, dtype=dtype,
             max_num_seqs=max_num_seqs, kv_cache_dtype=kv_cache_dtype, device=device,
-            kv_host_memory=kv_host_memory,
+            kv_host_memory=kv_host_memory, kv_disk_dir=kv_disk_dir, kv_disk_size=kv_disk_size,
         )
     except Exception as error:  # a malformed file may trip the loader in any way
         from prefixcache.engine.model_registry import describe_load_error

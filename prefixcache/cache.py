@@ -18,7 +18,7 @@ from prefixcache.errors import CacheFull
 from prefixcache.events import BlockRemoved, BlockStored, CacheEvent
 from prefixcache.eviction_index import EvictionIndex
 from prefixcache.hashing import BlockHasher, chain_block_hashes, xxh3_block_hasher
-from prefixcache.host_tier import HostTierIndex, TierCopy
+from prefixcache.host_tier import HostTierIndex, LowerTier, PersistBlock, TierCopy
 from prefixcache.radix_node import RadixNode
 from prefixcache.radix_tree import NamespaceName, PathMatch, RadixTree
 from prefixcache.tier_moves import offer_evicted
@@ -112,6 +112,10 @@ class PrefixCache:
         self._tier_writebacks: list[TierCopy] = []  # (pool block -> tier slot), to copy first
         self._tier_loads: list[TierCopy] = []  # (tier slot -> pool block), then these
         self.tier_hit_blocks = 0
+        self.lower_tier: LowerTier | None = None  # set_lower_tier
+        self._persist: list[PersistBlock] = []  # newly cached blocks for the lower tier
+        self._disk_loads: list[tuple[int, bytes]] = []  # (pool block, payload) to write
+        self.lower_tier_hit_blocks = 0
 
     @property
     def num_blocks(self) -> int:
@@ -214,11 +218,12 @@ class PrefixCache:
         max_tokens: int | None = None,
         extra_keys: Sequence[ExtraKey] = (),
     ) -> int:
-        """With a host tier: cache in the pool the full blocks after ``token_ids[:max_tokens]``'s
-        cached path that the tier holds (confirmed by their tokens), so the next ``match``
-        finds them; their loads are queued (``take_tier_copies``). Returns how many blocks
-        were promoted; 0 without a tier, when it holds none, or when the pool is full."""
-        if self.host_tier is None:
+        """With a host or lower tier: cache in the pool the full blocks after
+        ``token_ids[:max_tokens]``'s cached path that the tiers hold (confirmed by their
+        tokens), so the next ``match`` finds them; their loads are queued (``take_tier_copies``,
+        ``take_disk_loads``). Returns how many blocks were promoted; 0 without a tier, when the
+        tiers hold none, or when the pool is full."""
+        if self.host_tier is None and self.lower_tier is None:
             return 0
         tokens = as_token_array(token_ids)
         limit = _token_limit(tokens, check_max_tokens(max_tokens))
@@ -234,6 +239,24 @@ class PrefixCache:
         if self.host_tier is not None:
             self.host_tier.take_loads()
         return [TierCopy(*c) for c in writebacks], [TierCopy(*c) for c in loads]
+
+    def set_lower_tier(self, tier: LowerTier | None) -> None:
+        """Attach the tier under the host tier: from now on every newly cached full block it
+        does not hold is handed out for it (``take_persist``), and ``promote`` looks there
+        past the pool and the host tier."""
+        self.lower_tier = tier
+
+    def take_persist(self) -> list[PersistBlock]:
+        """The blocks cached since the last call that the lower tier does not hold. Contract:
+        the caller reads their bytes before anything writes into the pool again."""
+        persist, self._persist = self._persist, []
+        return persist
+
+    def take_disk_loads(self) -> list[tuple[int, bytes]]:
+        """(pool block, payload) pairs ``promote`` read from the lower tier: write each
+        payload into its block, after ``take_tier_copies``' copies, before the next step."""
+        loads, self._disk_loads = self._disk_loads, []
+        return loads
 
     def block_hashes(
         self, token_ids: TokenIds, salt: str | None = None, extra_keys: Sequence[ExtraKey] = ()
@@ -305,6 +328,8 @@ class PrefixCache:
         for node in changed:
             self._refresh(node)
         self.blocks_stored += len(new_ids)
+        if self.lower_tier is not None:
+            self._queue_persist(name, plan.path, tokens, new_ids, hashes)
         if self.enable_events:
             parent = None if plan.path.num_blocks == 0 else plan.path.parent_hash
             first = plan.path.num_blocks * self.block_size
@@ -490,11 +515,28 @@ class PrefixCache:
             **self._tier_stats(),
         }
 
+    def _queue_persist(self, name: NamespaceName, path: PathMatch, tokens: np.ndarray,
+                       new_ids: np.ndarray, hashes: list[int]) -> None:  # fmt: skip
+        tier = self.lower_tier
+        assert tier is not None
+        bs = self.block_size
+        parent = path.parent_hash
+        for i, (block, block_hash) in enumerate(zip(new_ids.tolist(), hashes, strict=True)):
+            if not tier.holds(name, block_hash):
+                start = (path.num_blocks + i) * bs
+                self._persist.append(PersistBlock(
+                    block, name, block_hash, parent, tuple(tokens[start : start + bs].tolist())
+                ))
+            parent = block_hash
+
     def _tier_stats(self) -> dict[str, int]:
+        lower = {} if self.lower_tier is None else {
+            "disk_tier_hit_tokens": self.lower_tier_hit_blocks * self.block_size
+        }  # fmt: skip
         if self.host_tier is None:
-            return {}
+            return lower
         tier = self.host_tier.stats()
-        return {
+        return lower | {
             "host_tier_slots": tier["slots"], "host_tier_blocks": tier["blocks"],
             "host_tier_stores": tier["stores"], "host_tier_evictions": tier["evictions"],
             "host_tier_hit_tokens": self.tier_hit_blocks * self.block_size,

@@ -13,8 +13,8 @@ reused until the loads are handed out (``take_loads``). Pure Python + numpy, no 
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Hashable
-from typing import NamedTuple
+from collections.abc import Hashable, Sequence
+from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 
@@ -24,6 +24,35 @@ class TierCopy(NamedTuple):
 
     block: int
     slot: int
+
+
+class PersistBlock(NamedTuple):
+    """A block newly cached in the pool, for a persistent tier: pool block ``block`` holds the
+    tokens ``tokens`` of namespace ``name``, chained from ``parent_hash`` to ``block_hash``."""
+
+    block: int
+    name: Hashable
+    block_hash: int
+    parent_hash: int
+    tokens: tuple[int, ...]
+
+
+class LowerTier(Protocol):
+    """A tier under the host tier (the engine's disk tier): it keeps what ``PrefixCache``
+    hands out (``take_persist``) and answers ``promote``'s lookups past the other tiers."""
+
+    def holds(self, name: Hashable, block_hash: int) -> bool:
+        """Whether the block is kept here already (it need not be persisted again)."""
+        ...
+
+    def find(self, name: Hashable, parent_hash: int, hashes: list[int],
+             tokens: list[tuple[int, ...]]) -> list[Any]:  # fmt: skip
+        """Handles of the longest run of ``hashes`` kept here with these parents and tokens."""
+        ...
+
+    def fetch(self, name: Hashable, handles: Sequence[Any]) -> list[bytes]:
+        """The checked payloads of ``handles``, in order, up to the first that fails."""
+        ...
 
 
 class HostTierIndex:

@@ -61,10 +61,8 @@ def promote(
     extra_keys: tuple,
 ) -> int:
     """Cache in the pool the blocks after ``tokens``' cached path (within ``limit`` tokens)
-    that the tier holds, queueing their loads; returns how many blocks were promoted (0 when
-    the tier holds none of them or the pool cannot take them)."""
-    tier = cache.host_tier
-    assert tier is not None
+    that the host tier and then the lower tier hold, queueing their loads; returns how many
+    blocks were promoted (0 when the tiers hold none of them or the pool cannot take them)."""
     bs = cache.block_size
     name = cache._namespace(salt, extra_keys)
     # the cached path, held (so the allocation below cannot evict it) and refreshed
@@ -74,20 +72,32 @@ def promote(
     parent_hash = int(cache.tree.hashes[held[-1]]) if start else cache.tree.namespace_hash(name)
     hashes = chain_block_hashes(tokens, bs, start, end, parent_hash, cache.tree.hasher)
     blocks = tokens[start * bs : end * bs].reshape(-1, bs)  # [end - start, bs]
-    slots = tier.find(name, parent_hash, hashes, blocks) if end > start else []
-    if not slots:
+    tier = cache.host_tier
+    slots = tier.find(name, parent_hash, hashes, blocks) if tier is not None and hashes else []
+    payloads: list[bytes] = []
+    if cache.lower_tier is not None and len(slots) < len(hashes):
+        rest = len(slots)
+        after = hashes[rest - 1] if rest else parent_hash
+        rows = [tuple(row) for row in blocks[rest:].tolist()]
+        handles = cache.lower_tier.find(name, after, hashes[rest:], rows)
+        payloads = cache.lower_tier.fetch(name, handles) if handles else []
+    count = len(slots) + len(payloads)
+    if not count:
         cache.release(held)
         return 0
-    tier.hold_for_load(slots)  # the allocation's write-backs must not reuse the slots to read
+    if tier is not None:
+        tier.hold_for_load(slots)  # the allocation's write-backs must not reuse these slots
     try:
-        fresh = cache.allocate(len(slots))
+        fresh = cache.allocate(count)
     except CacheFull:
         cache.release(held)
         return 0
-    covered = (start + len(slots)) * bs
-    cache.insert(tokens[:covered], np.concatenate([held, np.asarray(fresh, dtype=np.int32)]),
-                 salt, extra_keys=extra_keys)  # fmt: skip
-    cache.release(np.concatenate([held, np.asarray(fresh, dtype=np.int32)]))
-    cache._tier_loads.extend(zip(fresh, slots, strict=True))
+    covered = (start + count) * bs
+    ids = np.concatenate([held, np.asarray(fresh, dtype=np.int32)])
+    cache.insert(tokens[:covered], ids, salt, extra_keys=extra_keys)
+    cache.release(ids)
+    cache._tier_loads.extend(zip(fresh[: len(slots)], slots, strict=True))
+    cache._disk_loads.extend(zip(fresh[len(slots) :], payloads, strict=True))
     cache.tier_hit_blocks += len(slots)
-    return len(slots)
+    cache.lower_tier_hit_blocks += len(payloads)
+    return count

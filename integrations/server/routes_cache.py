@@ -100,7 +100,7 @@ async def stats(state: State) -> dict[str, Any]:
     return await call_engine(state, _stats_checked)
 
 
-@router.post("/reset", response_model=info.ResetResponse, responses=error_responses(503))
+@router.post("/reset", response_model=info.ResetResponse, responses=error_responses(400, 503))
 async def reset(
     state: State,
     host_tier: Annotated[bool, Query(description="Also empty the host-memory KV tier.")] = True,
