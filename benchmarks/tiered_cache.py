@@ -11,7 +11,10 @@ the host tier (L2) and recomputed, and what write-back costs a workload with no 
    engine with the tier and on one without, rounds interleaved: tokens/s with / without
    (target >= 0.98). The tier's copy bandwidth is reported against a plain ``torch`` copy of
    the same bytes.
-3. Capacity: ``--sessions`` agent sessions (a ``--history`` token start, ``--turn-tokens`` more
+3. Disk: the same TTFT with the prefix only on disk (pool refilled, no host tier; its pages
+   likely still in the OS page cache), after a restart of the engine on the same directory, and
+   recomputed; the write-through's cost is timed with the write-back's (a third engine).
+4. Capacity: ``--sessions`` agent sessions (a ``--history`` token start, ``--turn-tokens`` more
    each turn) visited in turn for ``--turns`` turns, through a pool a quarter of their size,
    alone and with the tier, and through a pool that holds them all: hit rate and mean TTFT.
 
@@ -21,8 +24,10 @@ the host tier (L2) and recomputed, and what write-back costs a workload with no 
 from __future__ import annotations
 
 import argparse
+import functools
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -80,13 +85,60 @@ def ttft_by_tier(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-def write_back_cost(args: argparse.Namespace) -> dict[str, Any]:
-    """Tokens/s of unique prompts with and without the tier (every block evicted)."""
+def disk_tier(args: argparse.Namespace, folder: Path) -> dict[str, Any]:
+    """TTFT from the disk tier (the pool refilled, no host tier; the file pages likely still in
+    the OS page cache: this machine cannot drop it), after a restart, and recomputed."""
+    block = 16
+    make = functools.partial(LLM, num_blocks=args.pool_tokens // block, block_size=block,
+                             kv_disk_dir=folder)  # fmt: skip
+    llm = make()
+    rng = np.random.default_rng(3)
+    ttft(llm, random_tokens(rng, 64))
+    times: dict[str, list[float]] = {"L3": [], "recompute": [], "L3 after restart": []}
+    prefixes = []
+    for _ in range(args.rounds):
+        prefix = random_tokens(rng, args.prefix)
+        prefixes.append(prefix)
+        ttft(llm, prefix)
+        llm.flush_tiers()
+        ttft(llm, random_tokens(rng, args.pool_tokens - block))  # the pool forgets it
+        llm.flush_tiers()
+        hits = llm.stats()["disk_tier_hit_tokens"]
+        times["L3"].append(ttft(llm, prefix + random_tokens(rng, args.suffix)))
+        if llm.stats()["disk_tier_hit_tokens"] - hits < args.prefix - block:
+            raise RuntimeError("the L3 request did not load the prefix from disk")
+        times["recompute"].append(ttft(llm, random_tokens(rng, args.prefix + args.suffix)))
+    llm.flush_tiers()
+    records = llm.stats()["disk_tier_records"]
+    del llm
+    start = time.perf_counter()
+    restarted = make()
+    reopen_s = time.perf_counter() - start
+    ttft(restarted, random_tokens(rng, 64))
+    for prefix in prefixes:
+        times["L3 after restart"].append(ttft(restarted, prefix + random_tokens(rng, args.suffix)))
+    restarted.flush_tiers()
+    restarted.disk_tier.close()
+    medians = {name: statistics.median(values) for name, values in times.items()}
+    return {
+        "seconds": times, "medians": medians, "records": records,
+        "engine_start_with_index_s": reopen_s,
+        "l3_over_recompute": medians["L3"] / medians["recompute"],
+        "restart_over_recompute": medians["L3 after restart"] / medians["recompute"],
+    }
+
+
+def write_cost(args: argparse.Namespace, tier: str) -> dict[str, Any]:
+    """Tokens/s of unique prompts with ``tier`` ("host": every evicted block written back;
+    "disk": every computed block written through, the writes waited for in each round) against
+    the same engine without it, rounds alternating."""
     block = 16
     pool = max(args.unique_tokens // block * 2, args.unique * args.unique_tokens // block // 10)
+    disk = tempfile.TemporaryDirectory(prefix="kv-disk-")
+    option = {"host": {"kv_host_memory": args.host_memory}, "disk": {"kv_disk_dir": disk.name}}
     engines = {
-        "tier": LLM(num_blocks=pool, block_size=block, kv_host_memory=args.host_memory),
-        "none": LLM(num_blocks=pool, block_size=block),
+        "with": LLM(num_blocks=pool, block_size=block, **option[tier]),
+        "without": LLM(num_blocks=pool, block_size=block),
     }
     rng = np.random.default_rng(1)
     rates: dict[str, list[float]] = {name: [] for name in engines}
@@ -99,18 +151,27 @@ def write_back_cost(args: argparse.Namespace) -> dict[str, Any]:
             start = time.perf_counter()
             for prompt in prompts:
                 engines[name].generate([prompt], FIRST_TOKEN)
+            engines[name].flush_tiers()  # the writes count, and never spill into the next
             rates[name].append(args.unique * args.unique_tokens / (time.perf_counter() - start))
-    tier = engines["tier"]
-    stats = tier.stats()
-    assert stats["host_tier_writebacks"] > 0, "nothing was written back"
-    tier.cache.check_invariants()
-    pairs = [t / n for t, n in zip(rates["tier"], rates["none"], strict=True)]
-    return {
+    tiered = engines["with"]
+    stats = tiered.stats()
+    tiered.cache.check_invariants()
+    pairs = [t / n for t, n in zip(rates["with"], rates["without"], strict=True)]
+    result = {
         "tokens_per_s": rates, "median_pair_ratio": statistics.median(pairs),
-        "ratio_of_medians": statistics.median(rates["tier"]) / statistics.median(rates["none"]),
-        "writebacks": stats["host_tier_writebacks"], "pool_blocks": pool,
-        "copy_gbps": copy_bandwidth(tier),
+        "ratio_of_medians": statistics.median(rates["with"]) / statistics.median(rates["without"]),
+        "pool_blocks": pool,
     }
+    if tier == "host":
+        assert stats["host_tier_writebacks"] > 0, "nothing was written back"
+        result.update(writebacks=stats["host_tier_writebacks"], copy_gbps=copy_bandwidth(tiered))
+    else:
+        assert stats["disk_tier_written"] > 0, "nothing was written"
+        result.update(records=stats["disk_tier_written"],
+                      dropped_writes=stats["disk_tier_dropped_writes"])  # fmt: skip
+        tiered.disk_tier.close()
+    disk.cleanup()
+    return result
 
 
 def capacity(args: argparse.Namespace) -> dict[str, Any]:
@@ -191,18 +252,31 @@ def main() -> None:
           f"{m['L2']:.3f} s, recompute {m['recompute']:.3f} s; L2 / L1 "
           f"{by_tier['l2_over_l1']:.2f} (target <= 1.2), L2 / recompute "
           f"{by_tier['l2_over_recompute']:.3f} (target <= 0.1)", flush=True)  # fmt: skip
-    cost = write_back_cost(args)
-    bw = cost["copy_gbps"]
-    print(f"0% hits, every block written back: tokens/s with / without the tier "
-          f"{cost['median_pair_ratio']:.3f} by pairs, {cost['ratio_of_medians']:.3f} by medians "
-          f"(target >= 0.98); {cost['writebacks']} write-backs")  # fmt: skip
+    with tempfile.TemporaryDirectory(prefix="kv-disk-") as folder:
+        disk = disk_tier(args, Path(folder))
+    d = disk["medians"]
+    print(f"TTFT from disk: L3 {d['L3']:.3f} s, after a restart {d['L3 after restart']:.3f} s "
+          f"(the engine's start with {disk['records']} records: "
+          f"{disk['engine_start_with_index_s']:.1f} s, model load included), recompute "
+          f"{d['recompute']:.3f} s; L3 / recompute {disk['l3_over_recompute']:.3f} "
+          f"(target <= 0.1)", flush=True)  # fmt: skip
+    host = write_cost(args, "host")
+    bw = host["copy_gbps"]
+    print(f"0% hits, every evicted block written back to the host tier: tokens/s with / without "
+          f"{host['median_pair_ratio']:.3f} by pairs, {host['ratio_of_medians']:.3f} by medians "
+          f"(target >= 0.98); {host['writebacks']} write-backs")  # fmt: skip
     print(f"copy GB/s: write-back {bw['tier_writeback']:.1f}, load {bw['tier_load']:.1f}, "
           f"torch copy of the same bytes {bw['torch_copy']:.1f}")
+    on_disk = write_cost(args, "disk")
+    print(f"0% hits, every computed block written through to disk: tokens/s with / without "
+          f"{on_disk['median_pair_ratio']:.3f} by pairs, {on_disk['ratio_of_medians']:.3f} by "
+          f"medians; {on_disk['records']} records")  # fmt: skip
     sessions = capacity(args)
     for name, row in sessions.items():
         print(f"{args.sessions} sessions x {args.turns} turns, {name} ({row['pool_blocks']} "
               f"blocks): hit rate {row['hit_rate']:.1%}, mean TTFT {row['mean_ttft_s']:.3f} s")
-    write_json(args.out, {"args": vars(args), "ttft": by_tier, "write_back": cost,
+    write_json(args.out, {"args": vars(args), "ttft": by_tier, "disk": disk, "write_back": host,
+                          "write_through": on_disk,
                           "capacity": sessions, "torch": torch.__version__})  # fmt: skip
 
 

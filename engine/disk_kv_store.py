@@ -5,8 +5,8 @@ A store lives in ``DIR/<store key>/``, the key a digest of everything that decid
 bytes (model fingerprint, element dtype, block size, layers, kv heads, head_dim, the format's
 version): another model, dtype or block size uses another folder and never reads these files
 as its own. A record (``<namespace digest>-<block hash>.kvb``, mode 0600) is a magic line, a
-JSON header (the store key, the namespace name, block hash, parent hash, tokens, payload size
-and its xxh3-64), the payload (every layer's K block, then every layer's V block, raw bytes) and
+JSON header (the store key, the namespace name, block hash, parent hash, tokens, payload size),
+the payload (every layer's K block, then every layer's V block, raw bytes) and
 an xxh3-64 of all that came before. It is written to a temporary file and renamed into place,
 so a crash leaves either the old state or the whole record; at start, temporary files and
 records whose header does not parse or check are deleted and counted (``dropped``). A payload
@@ -108,7 +108,7 @@ class DiskKVStore:
 
     # ------------------------------------------------------------------ files
     def write(self, name: Any, block_hash: int, parent: int, tokens: tuple[int, ...],
-              payload: bytes) -> None:  # fmt: skip
+              payload: bytes | memoryview) -> None:  # fmt: skip
         """Write one record (temp file + rename; the index is locked only to add it); evicts
         old records past the capacity. Any thread."""
         key = self.key_of(name, block_hash)
@@ -117,15 +117,18 @@ class DiskKVStore:
         header = json.dumps({
             "store": self.key, "name": name, "hash": block_hash, "parent": parent,
             "tokens": list(tokens), "payload": len(payload),
-            "payload_xxh3": xxhash.xxh3_64_intdigest(payload),
         }, default=list).encode()  # fmt: skip
-        body = MAGIC + _LENGTH.pack(len(header)) + header + payload
-        data = body + _CHECK.pack(xxhash.xxh3_64_intdigest(body))
+        parts = [MAGIC, _LENGTH.pack(len(header)), header, payload]
+        check = xxhash.xxh3_64()
+        for part in parts:
+            check.update(part)
+        parts.append(_CHECK.pack(check.intdigest()))
+        size = sum(len(part) for part in parts)
         path = self.folder / f"{key[0]}-{block_hash:016x}{SUFFIX}"
         fd, tmp = tempfile.mkstemp(dir=self.folder, prefix=".tmp-")
         try:
             with os.fdopen(fd, "wb") as f:  # mkstemp creates it 0600
-                f.write(data)
+                f.writelines(parts)
             os.replace(tmp, path)
         except OSError:
             Path(tmp).unlink(missing_ok=True)
@@ -133,13 +136,13 @@ class DiskKVStore:
         with self.lock:
             if key in self.records:  # written meanwhile: the same bytes under the same name
                 return
-            self.records[key] = DiskRecord(path, parent, tuple(tokens), len(data))
-            self.bytes += len(data)
+            self.records[key] = DiskRecord(path, parent, tuple(tokens), size)
+            self.bytes += size
             self.written += 1
             while self.bytes > self.capacity and self.records:
                 self._delete(next(iter(self.records)), evicted=True)
 
-    def read(self, key: tuple[str, int], name: Any) -> bytes | None:
+    def read(self, key: tuple[str, int], name: Any) -> memoryview | None:
         """The payload of ``key``, checked (namespace, sizes, both checksums); None, with the
         record deleted and counted, if it fails."""
         with self.lock:
@@ -147,7 +150,10 @@ class DiskKVStore:
         if record is None:
             return None
         try:
-            data = record.path.read_bytes()
+            data = bytearray(record.size)
+            with open(record.path, "rb") as f:
+                if f.readinto(data) != record.size or f.read(1):
+                    raise ValueError("torn: not the length it had at start")
             header, payload = _parse(data, self.key)
             if header["name"] != json.loads(json.dumps(name, default=list)):
                 raise ValueError("another namespace under the same digest")
@@ -177,8 +183,10 @@ class DiskKVStore:
         record.path.unlink(missing_ok=True)
 
     def _scan(self) -> None:
-        """Rebuild the index from the folder: oldest files first (LRU order); drop the
-        temporary files of interrupted writes and records that do not check."""
+        """Rebuild the index from the folder, oldest files first (LRU order), reading each
+        record's header only: drop the temporary files of interrupted writes and records whose
+        header or length does not check (a torn record is short); the payload's checksums are
+        checked when it is read."""
         entries = []
         for path in self.folder.iterdir():
             if path.name.startswith(".tmp-"):
@@ -188,11 +196,9 @@ class DiskKVStore:
             if path.suffix != SUFFIX:
                 continue
             try:
-                data = path.read_bytes()
-                header, _ = _parse(data, self.key)
+                header, size = _read_header(path, self.key)
                 key = (namespace_digest(header["name"]), int(header["hash"]))
-                record = DiskRecord(path, int(header["parent"]), tuple(header["tokens"]),
-                                    len(data))  # fmt: skip
+                record = DiskRecord(path, int(header["parent"]), tuple(header["tokens"]), size)
                 entries.append((path.stat().st_mtime_ns, key, record))
             except (OSError, ValueError, KeyError, TypeError) as error:
                 log.warning("KV disk record %s dropped at start: %s", path.name, error)
@@ -216,21 +222,37 @@ class DiskKVStore:
         }  # fmt: skip
 
 
-def _parse(data: bytes, store: str) -> tuple[dict[str, Any], bytes]:
-    """(header, payload) of a whole record; ValueError when any check fails."""
+def _read_header(path: Path, store: str) -> tuple[dict[str, Any], int]:
+    """(header, file size) of a record, checked as far as the header tells (magic, store key,
+    the length the payload size implies); ValueError otherwise."""
+    with open(path, "rb") as f:
+        lead = f.read(len(MAGIC) + _LENGTH.size)
+        if len(lead) < len(MAGIC) + _LENGTH.size or not lead.startswith(MAGIC):
+            raise ValueError("not a record (bad magic or too short)")
+        (length,) = _LENGTH.unpack_from(lead, len(MAGIC))
+        header = json.loads(f.read(length))
+        size = f.seek(0, os.SEEK_END)
+    if header.get("store") != store:
+        raise ValueError("written by another model, dtype or block size")
+    if size != len(lead) + length + int(header["payload"]) + _CHECK.size:
+        raise ValueError("torn: shorter or longer than its header says")
+    return header, size
+
+
+def _parse(data: bytearray, store: str) -> tuple[dict[str, Any], memoryview]:
+    """(header, payload view) of a whole record; ValueError when any check fails."""
+    view = memoryview(data)
     if len(data) < len(MAGIC) + _LENGTH.size + _CHECK.size or not data.startswith(MAGIC):
         raise ValueError("not a record (bad magic or too short)")
-    body, check = data[: -_CHECK.size], _CHECK.unpack(data[-_CHECK.size :])[0]
+    body, check = view[: -_CHECK.size], _CHECK.unpack(view[-_CHECK.size :])[0]
     if xxhash.xxh3_64_intdigest(body) != check:
         raise ValueError("checksum mismatch (torn or corrupt)")
     (length,) = _LENGTH.unpack_from(body, len(MAGIC))
     start = len(MAGIC) + _LENGTH.size
-    header = json.loads(body[start : start + length])
+    header = json.loads(bytes(body[start : start + length]))
     payload = body[start + length :]
     if header.get("store") != store:
         raise ValueError("written by another model, dtype or block size")
-    if header["payload"] != len(payload) or xxhash.xxh3_64_intdigest(payload) != header[
-        "payload_xxh3"
-    ]:
-        raise ValueError("payload size or checksum mismatch")
+    if header["payload"] != len(payload):
+        raise ValueError("payload size mismatch")
     return header, payload

@@ -61,7 +61,7 @@ class DiskKVTier:
              tokens: list[tuple[int, ...]]) -> list[Any]:  # fmt: skip
         return self.store.find(name, parent_hash, hashes, tokens)
 
-    def fetch(self, name: Any, keys: Sequence[Any]) -> list[bytes]:
+    def fetch(self, name: Any, keys: Sequence[Any]) -> list[memoryview]:
         """The payloads of ``keys`` in order, up to the first that fails its checks."""
         payloads = []
         for key in keys:
@@ -72,18 +72,24 @@ class DiskKVTier:
         return payloads
 
     # ------------------------------------------------------------------ bytes
+    @torch.inference_mode()
     def persist(self, blocks: Sequence[PersistBlock]) -> None:
-        """Queue the committed ``blocks`` for writing, their bytes copied out of the pool now
-        (engine thread, before anything else writes the pool)."""
-        for entry in blocks:
-            size = self.store.record_bytes
-            if self.queued_bytes + size > self.max_queued_bytes:
-                self.dropped_writes += 1
-                continue
-            payload = self.block_bytes(entry.block)
-            with self._idle:
-                self.queued_bytes += size
-            self._queue.put((entry, payload))
+        """Queue the committed ``blocks`` for writing: their bytes are gathered out of the
+        pool now (engine thread, before anything else writes the pool; one gather per layer
+        for all of them), cut into records and written by the writer thread."""
+        size = self.store.record_bytes
+        room = max(0, (self.max_queued_bytes - self.queued_bytes) // size)
+        kept = list(blocks[:room])
+        self.dropped_writes += len(blocks) - len(kept)
+        if not kept:
+            return
+        index = torch.tensor([entry.block for entry in kept], dtype=torch.int64)
+        device = self.kv.k[0].device
+        gathered = [pool.index_select(0, index.to(device)).cpu()  # [n, block_size, kv, dim]
+                    for pools in (self.kv.k, self.kv.v) for pool in pools]  # fmt: skip
+        with self._idle:
+            self.queued_bytes += size * len(kept)
+        self._queue.put((kept, gathered))
 
     def block_bytes(self, block: int) -> bytes:
         """Pool block ``block``'s bytes: every layer's K, then every layer's V."""
@@ -92,15 +98,19 @@ class DiskKVTier:
         return b"".join(parts)
 
     @torch.inference_mode()
-    def load(self, block: int, payload: bytes) -> None:
-        """Write ``payload`` (from ``block_bytes``) into pool block ``block``."""
-        data = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
+    def load(self, blocks: Sequence[int], payloads: Sequence[memoryview | bytes]) -> None:
+        """Write each payload (a record's, laid out as ``block_bytes``) into its pool block:
+        one copy of them all, then one scatter per layer's K and V."""
+        rows = torch.stack([torch.frombuffer(_writable(p), dtype=torch.uint8) for p in payloads])
+        index = torch.tensor(list(blocks), dtype=torch.int64)  # [n]
         offset = 0
         for pools in (self.kv.k, self.kv.v):
             for pool in pools:
-                target = pool[block].view(torch.uint8).view(-1)
-                target.copy_(data[offset : offset + target.numel()])
-                offset += target.numel()
+                width = pool[0].numel() * pool.element_size()
+                part = rows[:, offset : offset + width].view(pool.dtype)  # [n, block elements]
+                device = pool.device
+                pool.index_copy_(0, index.to(device), part.reshape(-1, *pool.shape[1:]).to(device))
+                offset += width
 
     def flush(self) -> None:
         """Wait until every queued block is written."""
@@ -125,14 +135,26 @@ class DiskKVTier:
             item = self._queue.get()
             if item is _STOP:
                 return
-            entry, payload = item
-            try:
-                self.store.write(entry.name, entry.block_hash, entry.parent_hash,
-                                 entry.tokens, payload)  # fmt: skip
-            except OSError as error:  # a full or failing disk: this block stays unpersisted
-                self.write_errors += 1
-                log.warning("KV disk tier: a block was not written: %s", error)
-            finally:
-                with self._idle:
-                    self.queued_bytes -= self.store.record_bytes
-                    self._idle.notify_all()
+            entries, gathered = item
+            # [n, layers * 2 * block bytes]: row i is block i's record payload
+            rows = torch.cat([g.reshape(len(entries), -1).view(torch.uint8) for g in gathered],
+                             dim=1).numpy()  # fmt: skip
+            for i, entry in enumerate(entries):
+                try:
+                    self.store.write(entry.name, entry.block_hash, entry.parent_hash,
+                                     entry.tokens, memoryview(rows[i]))  # fmt: skip
+                except OSError as error:  # a full or failing disk: this block stays unwritten
+                    self.write_errors += 1
+                    log.warning("KV disk tier: a block was not written: %s", error)
+                finally:
+                    with self._idle:
+                        self.queued_bytes -= self.store.record_bytes
+                        self._idle.notify_all()
+
+
+def _writable(payload: memoryview | bytes) -> memoryview | bytearray:
+    """A buffer torch may wrap without a read-only warning (a record's payload view already
+    is one: the store reads records into bytearrays)."""
+    if isinstance(payload, memoryview) and not payload.readonly:
+        return payload
+    return bytearray(payload)

@@ -185,8 +185,7 @@ class ModelRunner:
         if disk_loads:
             if self.disk_tier is None:
                 raise RuntimeError("disk loads without a disk tier")
-            for block, payload in disk_loads:
-                self.disk_tier.load(block, payload)
+            self.disk_tier.load([b for b, _ in disk_loads], [p for _, p in disk_loads])
 
     def persist(self, blocks: Sequence[PersistBlock]) -> None:
         """Hand newly cached blocks (their bytes read now) to the disk tier's writer."""

@@ -3,6 +3,7 @@ uncached engine does; torn, corrupt or foreign records are never served; salts s
 
 from __future__ import annotations
 
+import json
 import os
 import stat
 from pathlib import Path
@@ -32,6 +33,16 @@ def answers(llm: LLM, salt: str | None = None) -> tuple[list[list[int]], list[to
 
 def records(disk: Path) -> list[Path]:
     return sorted(disk.rglob("*.kvb"))
+
+
+def record_of(files: list[Path], tokens: list[int]) -> Path:
+    """The record holding the block of these tokens."""
+    for path in files:
+        data = path.read_bytes()
+        length = int.from_bytes(data[6:10], "little")
+        if json.loads(data[10 : 10 + length])["tokens"] == tokens:
+            return path
+    raise AssertionError(f"no record of {tokens}")
 
 
 def test_a_restart_serves_the_prefixes_from_disk_as_uncached(
@@ -69,17 +80,23 @@ def test_torn_and_corrupt_records_are_dropped_and_never_served(
     first.flush_tiers()
     del first
     files = records(disk)
-    truncated, flipped = files[3], files[10]
+    truncated = record_of(files, DOCS[0][8:12])  # block 2 of the first document
+    flipped = record_of(files, DOCS[1][4:8])  # block 1 of the second
     truncated.write_bytes(truncated.read_bytes()[:-100])  # torn at the end
     data = bytearray(flipped.read_bytes())
-    data[len(data) // 2] ^= 0xFF  # one bit pattern in the payload
+    data[len(data) // 2] ^= 0xFF  # a flipped byte in the payload
     flipped.write_bytes(bytes(data))
     (files[0].parent / ".tmp-interrupted").write_bytes(b"PCKV1\npartial")
     again = engine(tiny_llama_dir, disk)
-    assert again.stats()["disk_tier_dropped_records"] == 3
-    assert not truncated.exists() and not flipped.exists()
+    # the start reads headers: the torn record and the temporary file go at once
+    assert again.stats()["disk_tier_dropped_records"] == 2 and not truncated.exists()
     got, _ = answers(again)
     assert got == expected
+    # the payload's checksum catches the flipped byte when the record is read; the block is
+    # computed again and written again, whole
+    again.flush_tiers()
+    assert again.stats()["disk_tier_dropped_records"] == 3
+    assert flipped.read_bytes() != bytes(data)
     assert again.stats()["disk_tier_hit_tokens"] > 0  # the records before the bad ones
 
 
