@@ -98,6 +98,10 @@ def bench(
     num_blocks: Annotated[int | None, typer.Option(help="Embedded KV pool blocks.")] = None,
     kv_host_memory: Annotated[str | None, typer.Option(
         help="Embedded host-memory KV tier (bytes or a size such as 8GiB).")] = None,
+    kv_disk_dir: Annotated[str | None, typer.Option(
+        help="Embedded persistent disk KV tier directory.")] = None,
+    kv_disk_size: Annotated[str | None, typer.Option(
+        help="Bytes the embedded disk tier may hold (default 10GiB).")] = None,
     dtype: Annotated[str | None, typer.Option(help="Embedded dtype (bf16, float32).")] = None,
     device: Annotated[str | None, typer.Option(help="Embedded device: cpu, cuda.")] = None,
     timeout: Annotated[float, typer.Option(help="Per-request timeout for --url (s).")] = 300.0,
@@ -151,7 +155,8 @@ def bench(
 
             resolve_device(device)  # a bad name fails here, not once per request
         llm_kwargs = _llm_kwargs(num_blocks=num_blocks, dtype=dtype, device=device,
-                                 kv_host_memory=kv_host_memory)  # fmt: skip
+                                 kv_host_memory=kv_host_memory, kv_disk_dir=kv_disk_dir,
+                                 kv_disk_size=kv_disk_size)  # fmt: skip
         options = BenchOptions(
             workload=workload,
             trace_file=trace_file,
