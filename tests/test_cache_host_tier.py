@@ -23,6 +23,36 @@ BS = 4
 BASES = [[(7 * b + i) % 50 + 1 for i in range(40)] for b in range(6)]  # 6 prompts' tokens
 
 
+class DictLowerTier:
+    """A lower tier in a dict: what a disk tier keeps, keyed and checked the same way; its
+    payloads are the tokens whose KV they carry (pickled as a tuple)."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self.records: dict[tuple, tuple[int, tuple[int, ...], tuple[int, ...]]] = {}
+
+    def holds(self, name, block_hash: int) -> bool:
+        return (name, block_hash) in self.records
+
+    def keep(self, name, block_hash: int, parent: int, tokens, content) -> None:
+        if len(self.records) >= self.capacity:
+            self.records.pop(next(iter(self.records)))  # oldest first
+        self.records[(name, block_hash)] = (parent, tuple(tokens), content)
+
+    def find(self, name, parent_hash, hashes, tokens):
+        found, previous = [], parent_hash
+        for block_hash, row in zip(hashes, tokens, strict=True):
+            record = self.records.get((name, block_hash))
+            if record is None or record[0] != previous or record[1] != tuple(row):
+                break
+            found.append((name, block_hash))
+            previous = block_hash
+        return found
+
+    def fetch(self, name, handles):
+        return [self.records[h][2] for h in handles if h in self.records]
+
+
 class BytesModel:
     """What each pool block and tier slot really holds (the tokens of the KV written there)."""
 
@@ -32,11 +62,24 @@ class BytesModel:
         self.host: dict[int, tuple[int, ...]] = {}
 
     def carry_out_copies(self) -> None:
+        """What the engine does between the schedule and the step, in its order."""
         writebacks, loads = self.cache.take_tier_copies()
         for block, slot in writebacks:
             self.host[slot] = self.pool[block]
         for block, slot in loads:
             self.pool[block] = self.host[slot]
+        for block, content in self.cache.take_disk_loads():
+            self.pool[block] = content
+
+    def persist(self) -> None:
+        """What the engine does after a step: the newly cached blocks' bytes, to the lower
+        tier (each must hold its own tokens by then)."""
+        lower = self.cache.lower_tier
+        for entry in self.cache.take_persist():
+            assert self.pool[entry.block] == entry.tokens, entry
+            assert isinstance(lower, DictLowerTier)
+            lower.keep(entry.name, entry.block_hash, entry.parent_hash, entry.tokens,
+                       self.pool[entry.block])  # fmt: skip
 
     def admit(self, tokens: list[int], salt: str | None = None) -> int:
         """One request's admission and prefill; returns how many tokens it found cached."""
@@ -58,6 +101,8 @@ class BytesModel:
             self.pool[ids[i]] = tuple(tokens[i * BS : (i + 1) * BS])
         cache.insert(tokens, ids, salt)
         cache.release(ids)
+        if cache.lower_tier is not None:
+            self.persist()
         return match.num_tokens
 
     def check(self) -> None:
@@ -68,9 +113,13 @@ class BytesModel:
             if not tree.is_partial(block):
                 assert self.pool[block] == tuple(tree.tokens[block].tolist()), block
         tier = cache.host_tier
-        assert tier is not None
-        for slot in tier.slot_of.values():
-            assert self.host[slot] == tuple(tier.tokens[slot].tolist()), slot
+        if tier is not None:
+            for slot in tier.slot_of.values():
+                assert self.host[slot] == tuple(tier.tokens[slot].tolist()), slot
+        lower = cache.lower_tier
+        if isinstance(lower, DictLowerTier):
+            for _parent, tokens, content in lower.records.values():
+                assert content == tokens
 
 
 def test_an_evicted_prefix_comes_back_from_the_tier() -> None:
@@ -140,3 +189,30 @@ def test_random_traffic_keeps_every_cached_block_true(pool, slots, ops) -> None:
             cache.reset(host_tier=salted)  # sometimes the tier is emptied too
             model.check()
     assert cache.stats()["in_use"] == 0
+
+
+@pytest.mark.parametrize("pool, slots, records", [(10, 6, 40), (12, 0, 30), (16, 3, 8)])
+@settings(max_examples=60, deadline=None)
+@given(ops=st.lists(st.tuples(st.integers(0, 5), st.integers(6, 40), st.booleans()),
+                    min_size=1, max_size=40))  # fmt: skip
+def test_random_traffic_over_pool_host_and_lower_tier(pool, slots, records, ops) -> None:
+    cache = PrefixCache(pool, BS, host_tier_blocks=slots)
+    cache.set_lower_tier(DictLowerTier(records))
+    model = BytesModel(cache)
+    for base, length, salted in ops:
+        model.admit(BASES[base][:length], "s" if salted else None)
+        model.check()
+    assert cache.stats()["in_use"] == 0
+
+
+def test_a_prefix_only_the_lower_tier_holds_comes_back() -> None:
+    cache = PrefixCache(12, BS)
+    cache.set_lower_tier(DictLowerTier(100))
+    model = BytesModel(cache)
+    model.admit(BASES[0])
+    model.admit(BASES[1])
+    model.admit(BASES[2])
+    assert cache.lookup(BASES[0]) == 0
+    assert model.admit(BASES[0]) == 36
+    assert cache.stats()["disk_tier_hit_tokens"] == 36
+    model.check()
