@@ -212,6 +212,13 @@ class LLM:
             self.engine._persist_committed()
             self.disk_tier.flush()
 
+    def clear_disk_tier(self) -> int:
+        """Delete every record of the disk tier (after its queued writes); returns how many."""
+        if self.disk_tier is None:
+            return 0
+        self.flush_tiers()
+        return self.disk_tier.store.clear()
+
     def stats(self) -> dict[str, Any]:
         """Prefix-cache counters plus engine counters."""
         stats = self.cache.stats()

@@ -104,8 +104,17 @@ async def stats(state: State) -> dict[str, Any]:
 async def reset(
     state: State,
     host_tier: Annotated[bool, Query(description="Also empty the host-memory KV tier.")] = True,
+    disk_tier: Annotated[bool, Query(description="Also delete the disk tier's records.")] = False,
 ) -> dict[str, Any]:
-    """Evict every evictable cached block (in-use and pinned blocks stay); with
-    ``host_tier=false`` the host-memory tier keeps its blocks."""
-    evicted = await call_engine(state, lambda llm: llm.cache.reset(host_tier=host_tier))
+    """Evict every evictable cached block (in-use and pinned blocks stay); the host-memory
+    tier is emptied unless ``host_tier=false``, the disk tier's records deleted only with
+    ``disk_tier=true``."""
+
+    def clear(llm: Any) -> int:
+        evicted = llm.cache.reset(host_tier=host_tier)
+        if disk_tier:
+            llm.clear_disk_tier()
+        return evicted
+
+    evicted = await call_engine(state, clear)
     return {"evicted_blocks": evicted}

@@ -157,3 +157,12 @@ def test_bad_disk_settings_are_refused_up_front(tiny_llama_dir: Path, tmp_path: 
     with pytest.raises(ValueError, match="kv_disk_size"):
         engine(tiny_llama_dir, tmp_path / "kv", kv_disk_size="huge")
     assert os.path.isdir(tmp_path) and not (tmp_path / "kv").exists()
+
+
+def test_clearing_the_disk_tier_deletes_its_records(tiny_llama_dir: Path, tmp_path: Path) -> None:
+    disk = tmp_path / "kv"
+    llm = engine(tiny_llama_dir, disk)
+    answers(llm)
+    assert llm.clear_disk_tier() > 0
+    assert not records(disk) and llm.stats()["disk_tier_records"] == 0
+    assert engine(tiny_llama_dir, disk).stats()["disk_tier_records"] == 0
