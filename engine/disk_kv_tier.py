@@ -19,9 +19,8 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
-import torch
-
 from prefixcache.engine.disk_kv_store import DiskKVStore
+from prefixcache.engine.kv_block_bytes import BlockBytes
 from prefixcache.engine.kv_cache import PagedKVCache
 from prefixcache.host_tier import PersistBlock
 
@@ -37,11 +36,13 @@ class DiskKVTier:
     def __init__(self, kv: PagedKVCache, store: DiskKVStore,
                  max_queued_bytes: int = 256 << 20) -> None:  # fmt: skip
         self.kv = kv
+        self.bytes = BlockBytes(kv)
         self.store = store
         self.max_queued_bytes = max_queued_bytes
         self.queued_bytes = 0
         self.dropped_writes = 0
         self.write_errors = 0
+        self.hit_blocks = 0  # blocks read back into the pool
         self._queue: queue.Queue[Any] = queue.Queue()
         self._idle = threading.Condition()
         self._writer = threading.Thread(target=self._write_loop, name="kv-disk-writer",
@@ -69,10 +70,10 @@ class DiskKVTier:
             if payload is None:
                 break
             payloads.append(payload)
+        self.hit_blocks += len(payloads)
         return payloads
 
     # ------------------------------------------------------------------ bytes
-    @torch.inference_mode()
     def persist(self, blocks: Sequence[PersistBlock]) -> None:
         """Queue the committed ``blocks`` for writing: their bytes are gathered out of the
         pool now (engine thread, before anything else writes the pool; one gather per layer
@@ -83,34 +84,14 @@ class DiskKVTier:
         self.dropped_writes += len(blocks) - len(kept)
         if not kept:
             return
-        index = torch.tensor([entry.block for entry in kept], dtype=torch.int64)
-        device = self.kv.k[0].device
-        gathered = [pool.index_select(0, index.to(device)).cpu()  # [n, block_size, kv, dim]
-                    for pools in (self.kv.k, self.kv.v) for pool in pools]  # fmt: skip
+        gathered = self.bytes.gather([entry.block for entry in kept])
         with self._idle:
             self.queued_bytes += size * len(kept)
         self._queue.put((kept, gathered))
 
-    def block_bytes(self, block: int) -> bytes:
-        """Pool block ``block``'s bytes: every layer's K, then every layer's V."""
-        parts = [pool[block].contiguous().view(torch.uint8).numpy().tobytes()
-                 for pools in (self.kv.k, self.kv.v) for pool in pools]  # fmt: skip
-        return b"".join(parts)
-
-    @torch.inference_mode()
     def load(self, blocks: Sequence[int], payloads: Sequence[memoryview | bytes]) -> None:
-        """Write each payload (a record's, laid out as ``block_bytes``) into its pool block:
-        one copy of them all, then one scatter per layer's K and V."""
-        rows = torch.stack([torch.frombuffer(_writable(p), dtype=torch.uint8) for p in payloads])
-        index = torch.tensor(list(blocks), dtype=torch.int64)  # [n]
-        offset = 0
-        for pools in (self.kv.k, self.kv.v):
-            for pool in pools:
-                width = pool[0].numel() * pool.element_size()
-                part = rows[:, offset : offset + width].view(pool.dtype)  # [n, block elements]
-                device = pool.device
-                pool.index_copy_(0, index.to(device), part.reshape(-1, *pool.shape[1:]).to(device))
-                offset += width
+        """Write each payload (a record's) into its pool block."""
+        self.bytes.load(blocks, payloads)
 
     def flush(self) -> None:
         """Wait until every queued block is written."""
@@ -125,7 +106,8 @@ class DiskKVTier:
 
     def stats(self) -> dict[str, int]:
         stats = self.store.stats()
-        stats.update(disk_tier_dropped_writes=self.dropped_writes,
+        stats.update(disk_tier_hit_tokens=self.hit_blocks * self.kv.block_size,
+                     disk_tier_dropped_writes=self.dropped_writes,
                      disk_tier_write_errors=self.write_errors,
                      disk_tier_queued_bytes=self.queued_bytes)  # fmt: skip
         return stats
@@ -136,13 +118,10 @@ class DiskKVTier:
             if item is _STOP:
                 return
             entries, gathered = item
-            # [n, layers * 2 * block bytes]: row i is block i's record payload
-            rows = torch.cat([g.reshape(len(entries), -1).view(torch.uint8) for g in gathered],
-                             dim=1).numpy()  # fmt: skip
-            for i, entry in enumerate(entries):
+            for entry, payload in zip(entries, self.bytes.payloads(gathered), strict=True):
                 try:
                     self.store.write(entry.name, entry.block_hash, entry.parent_hash,
-                                     entry.tokens, memoryview(rows[i]))  # fmt: skip
+                                     entry.tokens, payload)  # fmt: skip
                 except OSError as error:  # a full or failing disk: this block stays unwritten
                     self.write_errors += 1
                     log.warning("KV disk tier: a block was not written: %s", error)
@@ -151,10 +130,3 @@ class DiskKVTier:
                         self.queued_bytes -= self.store.record_bytes
                         self._idle.notify_all()
 
-
-def _writable(payload: memoryview | bytes) -> memoryview | bytearray:
-    """A buffer torch may wrap without a read-only warning (a record's payload view already
-    is one: the store reads records into bytearrays)."""
-    if isinstance(payload, memoryview) and not payload.readonly:
-        return payload
-    return bytearray(payload)

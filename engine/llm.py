@@ -25,11 +25,14 @@ from prefixcache.engine.engine_options import (
     resolve_dtype,
 )
 from prefixcache.engine.host_kv_tier import HostKVTier
+from prefixcache.engine.kv_block_bytes import BlockBytes
 from prefixcache.engine.kv_cache import PagedKVCache, blocks_for_memory, kv_bytes_per_block
+from prefixcache.engine.lower_tiers import LowerTiers
 from prefixcache.engine.model_registry import DEFAULT_MODEL, load_model
 from prefixcache.engine.model_runner import ModelRunner
 from prefixcache.engine.outputs import RequestOutput
 from prefixcache.engine.prompt_inputs import normalize_prompts, single_prompt, to_token_ids
+from prefixcache.engine.remote_kv_tier import RemoteKVTier
 from prefixcache.engine.sampling_params import SamplingParams
 from prefixcache.engine.scheduler import Scheduler
 from prefixcache.engine.scheduling_policy import SchedulingPolicy
@@ -61,6 +64,8 @@ class LLM:
     (with ``kv_disk_size``, 10 GiB by default) adds a persistent disk tier: every full block
     computed is written there in the background, found again after a restart, and read back
     past the pool and the host tier (``disk_tier_*``); ``flush_tiers()`` waits for the writes.
+    ``kv_remote`` ("redis://host:port") adds a tier shared with other replicas in Redis or
+    Valkey, looked up after the disk (``remote_tier_*``); a dead or slow store reads as misses.
     """
 
     def __init__(
@@ -82,6 +87,7 @@ class LLM:
         kv_host_memory: int | str | None = None,
         kv_disk_dir: str | Path | None = None,
         kv_disk_size: int | str | None = None,
+        kv_remote: str | None = None,
     ) -> None:
         check_int_option("block_size", block_size)
         host_memory = parse_memory_size("kv_host_memory", kv_host_memory)
@@ -131,16 +137,23 @@ class LLM:
         )
         self.host_tier = HostKVTier(self.kv, host_slots) if host_slots else None
         self.disk_tier = None
+        self.remote_tier = None
+        storage = kv_storage_dtype(kv_cache_dtype, self.dtype)
+        key = store_key(loaded.fingerprint, str(storage), block_size, self.config.num_layers,
+                        self.config.num_kv_heads, self.config.head_dim)  # fmt: skip
         if kv_disk_dir is not None:
-            storage = kv_storage_dtype(kv_cache_dtype, self.dtype)
-            key = store_key(loaded.fingerprint, str(storage), block_size, self.config.num_layers,
-                            self.config.num_kv_heads, self.config.head_dim)  # fmt: skip
             store = DiskKVStore(
                 Path(kv_disk_dir), key, kv_bytes_per_block(self.config, block_size, storage),
                 DEFAULT_KV_DISK_SIZE if disk_size is None else disk_size,
             )
             self.disk_tier = DiskKVTier(self.kv, store)
-            self.cache.set_lower_tier(self.disk_tier)
+        if kv_remote is not None:
+            if not isinstance(kv_remote, str):
+                raise TypeError(f"kv_remote must be a redis:// URL, got {type(kv_remote).__name__}")
+            self.remote_tier = RemoteKVTier(kv_remote, key, BlockBytes(self.kv))
+        tiers = [t for t in (self.disk_tier, self.remote_tier) if t is not None]
+        self.lower_tiers = LowerTiers(tiers) if tiers else None
+        self.cache.set_lower_tier(self.lower_tiers)
         scheduler = Scheduler(
             self.cache,
             max_num_seqs,
@@ -149,7 +162,7 @@ class LLM:
             SchedulingPolicy(scheduling_policy),
         )
         runner = ModelRunner(loaded.model, self.kv, self.config.head_dim, self.host_tier,
-                             self.disk_tier)  # fmt: skip
+                             self.lower_tiers)  # fmt: skip
         eos = tuple(self.tokenizer.eos_token_ids or self.config.eos_token_ids)
         self.engine = EngineCore(
             scheduler, runner, self.tokenizer.decode, eos, self.max_model_len,
@@ -208,9 +221,9 @@ class LLM:
 
     def flush_tiers(self) -> None:
         """Wait until every block handed to the disk tier is written (a no-op without one)."""
-        if self.disk_tier is not None:
+        if self.lower_tiers is not None:
             self.engine._persist_committed()
-            self.disk_tier.flush()
+            self.lower_tiers.flush()
 
     def clear_disk_tier(self) -> int:
         """Delete every record of the disk tier (after its queued writes); returns how many."""
@@ -231,8 +244,8 @@ class LLM:
             request_errors=self.engine.num_request_errors,
             failed_steps=self.engine.num_failed_steps,
         )
-        if self.disk_tier is not None:
-            stats.update(self.disk_tier.stats())
+        if self.lower_tiers is not None:
+            stats.update(self.lower_tiers.stats())
         if self.host_tier is not None:
             stats.update(host_tier_bytes=self.host_tier.nbytes,
                          host_tier_writebacks=self.host_tier.writebacks,

@@ -13,6 +13,7 @@ import torch
 
 from prefixcache import CopyOp
 from prefixcache.engine.attention_metadata import AttentionMetadata, build_attention_metadata
+from prefixcache.engine.kv_block_bytes import BlockBytes
 from prefixcache.engine.kv_cache import PagedKVCache, calibrate_kv_scales
 from prefixcache.engine.scheduler_output import SchedulerOutput
 from prefixcache.kernels import (
@@ -26,8 +27,8 @@ from prefixcache.kernels.cpu.decoder_layer import FUSED_DTYPES, PagedStep
 from prefixcache.kernels.quantization import read_stored
 
 if TYPE_CHECKING:
-    from prefixcache.engine.disk_kv_tier import DiskKVTier
     from prefixcache.engine.host_kv_tier import HostKVTier
+    from prefixcache.engine.lower_tiers import LowerTiers
     from prefixcache.host_tier import PersistBlock, TierCopy
 
 
@@ -162,12 +163,13 @@ class ModelRunner:
 
     def __init__(self, model: torch.nn.Module, kv: PagedKVCache, head_dim: int,
                  host_tier: HostKVTier | None = None,
-                 disk_tier: DiskKVTier | None = None) -> None:  # fmt: skip
+                 lower_tiers: LowerTiers | None = None) -> None:  # fmt: skip
         """A quantized (fp8/int8) pool gets its static scales here, before any request.
-        ``host_tier`` / ``disk_tier`` hold the bytes of the prefix cache's tiers, if any."""
+        ``host_tier`` / ``lower_tiers`` hold the bytes of the prefix cache's tiers, if any."""
         self.model = model
         self.host_tier = host_tier
-        self.disk_tier = disk_tier
+        self.lower_tiers = lower_tiers
+        self.block_bytes = BlockBytes(kv) if lower_tiers is not None else None
         self.device = model.device
         self.kv = kv
         self.scale = head_dim**-0.5
@@ -183,14 +185,14 @@ class ModelRunner:
                 raise RuntimeError("host tier copies without a host tier")
             self.host_tier.apply(writebacks, loads)
         if disk_loads:
-            if self.disk_tier is None:
-                raise RuntimeError("disk loads without a disk tier")
-            self.disk_tier.load([b for b, _ in disk_loads], [p for _, p in disk_loads])
+            if self.block_bytes is None:
+                raise RuntimeError("lower-tier loads without a lower tier")
+            self.block_bytes.load([b for b, _ in disk_loads], [p for _, p in disk_loads])
 
     def persist(self, blocks: Sequence[PersistBlock]) -> None:
-        """Hand newly cached blocks (their bytes read now) to the disk tier's writer."""
-        if self.disk_tier is not None and blocks:
-            self.disk_tier.persist(blocks)
+        """Hand newly cached blocks (their bytes read now) to the lower tiers' writers."""
+        if self.lower_tiers is not None and blocks:
+            self.lower_tiers.persist(blocks)
 
     @torch.inference_mode()
     def execute(self, out: SchedulerOutput) -> torch.Tensor:  # [num_sampled, vocab] float32

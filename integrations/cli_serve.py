@@ -91,6 +91,9 @@ def serve(
              "after a restart.", show_default=False)] = None,
     kv_disk_size: Annotated[str | None, typer.Option(
         help="Bytes the disk tier may hold (default 10GiB).", show_default=False)] = None,
+    kv_remote: Annotated[str | None, typer.Option(
+        help="KV tier shared with other replicas in Redis/Valkey (redis://host:port).",
+        show_default=False)] = None,
     max_model_len: Annotated[int | None, typer.Option(help="Context length cap.", min=2)] = None,
     dtype: Annotated[str | None, typer.Option(help="float32, bfloat16 or float16.")] = None,
     max_num_seqs: Annotated[int, typer.Option(help="Requests decoded together.", min=1)] = 64,
@@ -136,6 +139,7 @@ def serve(
             kv_cache_memory=kv_cache_memory, max_model_len=max_model_len, dtype=dtype,
             max_num_seqs=max_num_seqs, kv_cache_dtype=kv_cache_dtype, device=device,
             kv_host_memory=kv_host_memory, kv_disk_dir=kv_disk_dir, kv_disk_size=kv_disk_size,
+            kv_remote=kv_remote,
         )
     except Exception as error:  # a malformed file may trip the loader in any way
         from prefixcache.engine.model_registry import describe_load_error

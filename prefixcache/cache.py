@@ -531,7 +531,7 @@ class PrefixCache:
 
     def _tier_stats(self) -> dict[str, int]:
         lower = {} if self.lower_tier is None else {
-            "disk_tier_hit_tokens": self.lower_tier_hit_blocks * self.block_size
+            "lower_tier_hit_tokens": self.lower_tier_hit_blocks * self.block_size
         }  # fmt: skip
         if self.host_tier is None:
             return lower

@@ -214,5 +214,5 @@ def test_a_prefix_only_the_lower_tier_holds_comes_back() -> None:
     model.admit(BASES[2])
     assert cache.lookup(BASES[0]) == 0
     assert model.admit(BASES[0]) == 36
-    assert cache.stats()["disk_tier_hit_tokens"] == 36
+    assert cache.stats()["lower_tier_hit_tokens"] == 36
     model.check()

@@ -1,0 +1,184 @@
+"""A KV tier shared by replicas in Redis or Valkey (``kv_remote="redis://host:port"``): what one
+engine computed, another loads.
+
+Each full block is two keys under ``pckv:<store key>:<namespace digest>:<block hash>``: ``:h``
+(a JSON header: the namespace name, parent hash, tokens) and ``:p`` (the payload, laid out as
+the disk tier's, then its xxh3-64). The store key is the disk tier's (model fingerprint, dtype,
+block size, shape), so another model never reads the keys as its own; a block is confirmed by
+namespace, parent and tokens, and its payload by the checksum, so a collision or a corrupt value
+costs a miss. Writes go through a background thread (``SET NX``, pipelined), reads are two
+pipelined ``MGET``s at admission. Every call has a timeout; a store that fails or is slow is
+skipped for ``BACKOFF_S`` with one logged warning, and its blocks read as misses: the engine
+never errors or hangs on it. Eviction is the store's (configure ``maxmemory`` and an LRU
+``maxmemory-policy``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import queue
+import struct
+import threading
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import xxhash
+
+from prefixcache.engine.disk_kv_store import namespace_digest
+from prefixcache.engine.kv_block_bytes import BlockBytes
+from prefixcache.host_tier import PersistBlock
+
+log = logging.getLogger(__name__)
+
+BACKOFF_S = 5.0
+_CHECK = struct.Struct("<Q")
+_STOP = object()
+
+
+class RemoteKVTier:
+    """The shared tier at ``url`` for blocks of ``record_bytes`` payload bytes."""
+
+    def __init__(self, url: str, store: str, blocks: BlockBytes, timeout_s: float = 0.5,
+                 max_queued_bytes: int = 256 << 20) -> None:  # fmt: skip
+        import redis
+
+        try:
+            self.client = redis.Redis.from_url(url, socket_timeout=timeout_s,
+                                               socket_connect_timeout=timeout_s)  # fmt: skip
+        except ValueError as error:
+            raise ValueError(f"kv_remote={url!r} is not a redis:// URL: {error}") from error
+        self.url, self.store, self.blocks = url, store, blocks
+        self.max_queued_bytes = max_queued_bytes
+        self.queued_bytes = 0
+        self.errors = self.written = self.dropped_writes = self.corrupt = self.hit_blocks = 0
+        self._down_until = 0.0
+        self._known: set[tuple[str, int]] = set()  # blocks this engine wrote or read
+        self._queue: queue.Queue[Any] = queue.Queue()
+        self._idle = threading.Condition()
+        self._writer = threading.Thread(target=self._write_loop, name="kv-remote-writer",
+                                        daemon=True)  # fmt: skip
+        self._writer.start()
+
+    def _key(self, name: Any, block_hash: int) -> str:
+        return f"pckv:{self.store}:{namespace_digest(name)}:{block_hash:016x}"
+
+    # ------------------------------------------------------------------ the cache's LowerTier
+    def holds(self, name: Any, block_hash: int) -> bool:
+        return (namespace_digest(name), block_hash) in self._known
+
+    def find(self, name: Any, parent_hash: int, hashes: list[int],
+             tokens: list[tuple[int, ...]]) -> list[Any]:  # fmt: skip
+        if not hashes or not self._up():
+            return []
+        headers = self._call(self.client.mget, [self._key(name, h) + ":h" for h in hashes])
+        found, previous = [], parent_hash
+        plain = json.loads(json.dumps(name, default=list))
+        for block_hash, row, raw in zip(hashes, tokens, headers or [], strict=False):
+            if raw is None:
+                break
+            try:
+                header = json.loads(raw)
+            except ValueError:
+                break
+            if header.get("name") != plain or header.get("parent") != previous or tuple(
+                header.get("tokens", ())
+            ) != row:
+                break
+            found.append(block_hash)
+            previous = block_hash
+        return found
+
+    def fetch(self, name: Any, handles: Sequence[Any]) -> list[bytes]:
+        if not handles or not self._up():
+            return []
+        values = self._call(self.client.mget, [self._key(name, h) + ":p" for h in handles])
+        payloads = []
+        for block_hash, value in zip(handles, values or [], strict=False):
+            size = self.blocks.record_bytes
+            if value is None or len(value) != size + _CHECK.size:
+                break
+            payload, check = value[:size], _CHECK.unpack(value[size:])[0]
+            if xxhash.xxh3_64_intdigest(payload) != check:
+                self.corrupt += 1
+                break
+            payloads.append(payload)
+            self._known.add((namespace_digest(name), block_hash))
+        self.hit_blocks += len(payloads)
+        return payloads
+
+    # ------------------------------------------------------------------ writes
+    def persist(self, entries: Sequence[PersistBlock]) -> None:
+        """Queue ``entries`` (their bytes gathered now) for the writer; dropped when the store
+        is down or the queue is full."""
+        size = self.blocks.record_bytes
+        room = max(0, (self.max_queued_bytes - self.queued_bytes) // size)
+        kept = list(entries[:room]) if self._up() else []
+        self.dropped_writes += len(entries) - len(kept)
+        if not kept:
+            return
+        rows = self.blocks.gather([entry.block for entry in kept])
+        with self._idle:
+            self.queued_bytes += size * len(kept)
+        self._queue.put((kept, rows))
+
+    def flush(self) -> None:
+        with self._idle:
+            self._idle.wait_for(lambda: self.queued_bytes == 0)
+
+    def close(self) -> None:
+        self.flush()
+        self._queue.put(_STOP)
+        self._writer.join()
+
+    def stats(self) -> dict[str, int]:
+        return {
+            "remote_tier_hit_tokens": self.hit_blocks * self.blocks.kv.block_size,
+            "remote_tier_written": self.written, "remote_tier_errors": self.errors,
+            "remote_tier_dropped_writes": self.dropped_writes,
+            "remote_tier_corrupt": self.corrupt,
+        }  # fmt: skip
+
+    def _write_loop(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is _STOP:
+                return
+            entries, rows = item
+            payloads = self.blocks.payloads(rows)
+            try:
+                if self._up():
+                    pipe = self.client.pipeline(transaction=False)
+                    for entry, payload in zip(entries, payloads, strict=True):
+                        key = self._key(entry.name, entry.block_hash)
+                        header = json.dumps({"name": entry.name, "parent": entry.parent_hash,
+                                             "tokens": list(entry.tokens)}, default=list)
+                        check = _CHECK.pack(xxhash.xxh3_64_intdigest(payload))
+                        pipe.set(key + ":p", bytes(payload) + check, nx=True)
+                        pipe.set(key + ":h", header, nx=True)  # after its payload
+                    self._call(pipe.execute)
+                    self.written += len(entries)
+                    for entry in entries:
+                        self._known.add((namespace_digest(entry.name), entry.block_hash))
+            finally:
+                with self._idle:
+                    self.queued_bytes -= self.blocks.record_bytes * len(entries)
+                    self._idle.notify_all()
+
+    def _up(self) -> bool:
+        return time.monotonic() >= self._down_until
+
+    def _call(self, fn: Any, *args: Any) -> Any:
+        """``fn(*args)``, or None when the store fails (then skipped for ``BACKOFF_S``)."""
+        import redis
+
+        try:
+            return fn(*args)
+        except (redis.RedisError, OSError) as error:
+            self.errors += 1
+            if self._up():
+                log.warning("KV remote tier %s unavailable for %.0f s: %s", self.url,
+                            BACKOFF_S, error)  # fmt: skip
+            self._down_until = time.monotonic() + BACKOFF_S
+            return None
