@@ -14,7 +14,9 @@ the host tier (L2) and recomputed, and what write-back costs a workload with no 
 3. Disk: the same TTFT with the prefix only on disk (pool refilled, no host tier; its pages
    likely still in the OS page cache), after a restart of the engine on the same directory, and
    recomputed; the write-through's cost is timed with the write-back's (a third engine).
-4. Capacity: ``--sessions`` agent sessions (a ``--history`` token start, ``--turn-tokens`` more
+4. Shared store: a second replica loads a prefix the first computed from a ``redis-server``
+   started here (skipped where none is installed), against recomputing it.
+5. Capacity: ``--sessions`` agent sessions (a ``--history`` token start, ``--turn-tokens`` more
    each turn) visited in turn for ``--turns`` turns, through a pool a quarter of their size,
    alone and with the tier, and through a pool that holds them all: hit rate and mean TTFT.
 
@@ -25,7 +27,10 @@ from __future__ import annotations
 
 import argparse
 import functools
+import shutil
+import socket
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -126,6 +131,55 @@ def disk_tier(args: argparse.Namespace, folder: Path) -> dict[str, Any]:
         "l3_over_recompute": medians["L3"] / medians["recompute"],
         "restart_over_recompute": medians["L3 after restart"] / medians["recompute"],
     }
+
+
+def remote_tier(args: argparse.Namespace) -> dict[str, Any] | None:
+    """TTFT of a prefix another replica computed, loaded from a ``redis-server`` started here
+    (None when none is installed), against recomputing it."""
+    if shutil.which("redis-server") is None:
+        return None
+    import redis
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    folder = tempfile.TemporaryDirectory(prefix="redis-")
+    server = subprocess.Popen(["redis-server", "--port", str(port), "--save", "", "--appendonly",
+                               "no", "--dir", folder.name], stdout=subprocess.DEVNULL)  # fmt: skip
+    url = f"redis://127.0.0.1:{port}/0"
+    try:
+        for _ in range(200):
+            try:
+                redis.Redis.from_url(url).ping()
+                break
+            except redis.ConnectionError:
+                time.sleep(0.05)
+        block = 16
+        make = functools.partial(LLM, num_blocks=args.pool_tokens // block, block_size=block,
+                                 kv_remote=url)  # fmt: skip
+        first, second = make(), make()
+        rng = np.random.default_rng(4)
+        for llm in (first, second):
+            ttft(llm, random_tokens(rng, 64))
+        times: dict[str, list[float]] = {"L4": [], "recompute": []}
+        for _ in range(args.rounds):
+            prefix = random_tokens(rng, args.prefix)
+            ttft(first, prefix)
+            first.flush_tiers()
+            times["L4"].append(ttft(second, prefix + random_tokens(rng, args.suffix)))
+            times["recompute"].append(ttft(second, random_tokens(rng, args.prefix + args.suffix)))
+        for llm in (first, second):
+            llm.flush_tiers()  # before the store stops
+        hits = second.stats()["remote_tier_hit_tokens"]
+        if hits < args.rounds * (args.prefix - block):
+            raise RuntimeError(f"the second replica loaded {hits} tokens from the store")
+        medians = {name: statistics.median(values) for name, values in times.items()}
+        return {"seconds": times, "medians": medians,
+                "l4_over_recompute": medians["L4"] / medians["recompute"]}  # fmt: skip
+    finally:
+        server.kill()
+        server.wait()
+        folder.cleanup()
 
 
 def write_cost(args: argparse.Namespace, tier: str) -> dict[str, Any]:
@@ -260,6 +314,12 @@ def main() -> None:
           f"{disk['engine_start_with_index_s']:.1f} s, model load included), recompute "
           f"{d['recompute']:.3f} s; L3 / recompute {disk['l3_over_recompute']:.3f} "
           f"(target <= 0.1)", flush=True)  # fmt: skip
+    remote = remote_tier(args)
+    if remote is not None:
+        r = remote["medians"]
+        print(f"TTFT from Redis (another replica computed it): L4 {r['L4']:.3f} s, recompute "
+              f"{r['recompute']:.3f} s; L4 / recompute {remote['l4_over_recompute']:.3f} "
+              f"(target <= 0.1)", flush=True)  # fmt: skip
     host = write_cost(args, "host")
     bw = host["copy_gbps"]
     print(f"0% hits, every evicted block written back to the host tier: tokens/s with / without "
@@ -275,7 +335,8 @@ def main() -> None:
     for name, row in sessions.items():
         print(f"{args.sessions} sessions x {args.turns} turns, {name} ({row['pool_blocks']} "
               f"blocks): hit rate {row['hit_rate']:.1%}, mean TTFT {row['mean_ttft_s']:.3f} s")
-    write_json(args.out, {"args": vars(args), "ttft": by_tier, "disk": disk, "write_back": host,
+    write_json(args.out, {"args": vars(args), "ttft": by_tier, "disk": disk, "remote": remote,
+                          "write_back": host,
                           "write_through": on_disk,
                           "capacity": sessions, "torch": torch.__version__})  # fmt: skip
 
