@@ -12,7 +12,14 @@ import time
 from pathlib import Path
 
 import httpx
-from integration_helpers import CLI, SERVED_NAME, free_port, subprocess_env, wait_for_health
+from integration_helpers import (
+    CLI,
+    SERVED_NAME,
+    counter_value,
+    free_port,
+    subprocess_env,
+    wait_for_health,
+)
 
 PROMPTS = [" ".join(f"d{k}w{i % 13}" for i in range(24)) for k in range(6)]
 
@@ -64,6 +71,7 @@ def test_sigkill_mid_write_then_restart(tiny_chat_dir: Path, tmp_path: Path) -> 
         wait_for_health(server, f"{base}/health")
         again = [complete(base, p) for p in PROMPTS[:3]]
         stats = httpx.get(f"{base}/v1/cache/stats", timeout=10).json()
+        metrics = httpx.get(f"{base}/metrics", timeout=10).text
     finally:
         server.send_signal(signal.SIGTERM)
         server.wait(30)
@@ -71,6 +79,9 @@ def test_sigkill_mid_write_then_restart(tiny_chat_dir: Path, tmp_path: Path) -> 
     assert stats["disk_tier_dropped_records"] >= 2  # the torn record and the temporary file
     assert stats["disk_tier_hit_tokens"] > 0
     assert stats["in_use"] == 0
+    dropped = counter_value(metrics, "prefixcache_disk_tier_dropped_records_total ")
+    assert dropped == stats["disk_tier_dropped_records"]
+    assert counter_value(metrics, "prefixcache_disk_tier_hits_tokens_total ") > 0
 
 
 def _quietly(base: str, prompt: str) -> None:
