@@ -47,6 +47,19 @@ ROWS: tuple[tuple[str, str, Callable[[Any], str]], ...] = (
 )
 
 
+TIER_HIT_KEYS = ("host_tier_hit_tokens", "disk_tier_hit_tokens", "remote_tier_hit_tokens")
+
+
+def tier_hits(engine_stats: dict[str, Any]) -> str | None:
+    """The prompt tokens each KV tier under the pool served, as ``host / disk / shared`` (``-``
+    for a tier the engine does not have); None when it has none (or is not embedded)."""
+    if not any(key in engine_stats for key in TIER_HIT_KEYS):
+        return None
+    return " / ".join(
+        f"{engine_stats[key]:,}" if key in engine_stats else "-" for key in TIER_HIT_KEYS
+    )
+
+
 def results_table(runs: Sequence[TargetRun], title: str) -> Table:
     """Figures per target; the first target is the baseline of the speedup rows."""
     table = Table(title=title, box=box.SIMPLE_HEAVY, title_justify="left")
@@ -75,6 +88,9 @@ def results_table(runs: Sequence[TargetRun], title: str) -> Table:
             )
         else:
             table.add_row(label, *(fmt(r.summary.get(key)) for r in runs))
+    tiers = [tier_hits(r.engine_stats) for r in runs]
+    if any(t is not None for t in tiers):
+        table.add_row("Hit tokens from host / disk / shared tier", *(t or "-" for t in tiers))
     if len(runs) > 1:
         ratios = [speedups(runs[0].summary, r.summary) for r in runs]
         table.add_row(
