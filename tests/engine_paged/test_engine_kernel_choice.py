@@ -98,13 +98,15 @@ def test_each_bucket_runs_the_gemm_it_was_given(
     assert llm.stats()["in_use"] == 0
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", DTYPES[:1])  # float32: the kernels differ in rounding only
 def test_a_mixed_choice_answers_the_uncached_compiled_path(
     tiny_llama_hd64_dir: Path, monkeypatch: pytest.MonkeyPatch, dtype: torch.dtype
 ) -> None:
     """Prefix hits, chunked prefill (chunks of 24 rows: oneDNN; suffixes under 16: compiled;
     with chunks of 128, a 110-token prompt: SDPA too) and decode give the greedy tokens of the
-    compiled kernels without any reuse."""
+    compiled kernels without any reuse. In float32, so that a random tiny model's near-tied
+    logits cannot flip on another CPU's library rounding; bf16 steps run each bucket's kernel
+    bit for bit (the tests above)."""
     prompts = [*PROMPTS, [*SYSTEM, *range(100, 173)], [*SYSTEM, *range(100, 150), 7]]
     monkeypatch.setenv(CHOICE_ENV, "compiled")
     plain = engine(tiny_llama_hd64_dir, dtype, enable_prefix_caching=False)
