@@ -21,6 +21,7 @@ class HealthProbe:
         self.base_url = base_url
         self.samples: list[tuple[float, float, int]] = []  # (start, seconds, status)
         self._stop = threading.Event()
+        self._sampled = threading.Condition()
         self._thread = threading.Thread(target=self._poll, daemon=True)
 
     def _poll(self) -> None:
@@ -28,7 +29,9 @@ class HealthProbe:
             while not self._stop.wait(POLL_INTERVAL_S):
                 start = time.perf_counter()
                 status = client.get("/health").status_code
-                self.samples.append((start, time.perf_counter() - start, status))
+                with self._sampled:
+                    self.samples.append((start, time.perf_counter() - start, status))
+                    self._sampled.notify_all()
 
     def __enter__(self) -> HealthProbe:
         self._thread.start()
@@ -39,9 +42,16 @@ class HealthProbe:
         self._thread.join(600)
 
     def during(self, start: float, end: float) -> list[float]:
-        """Latencies of the answers whose request overlapped [start, end]."""
-        return [seconds for begun, seconds, _ in self.samples
-                if begun <= end and begun + seconds >= start]
+        """Latencies of the answers whose request overlapped [start, end]; a window shorter
+        than the poll interval may fall between two probes: then the first answer begun after
+        it (waited for), so every window has one."""
+        overlapping = [seconds for begun, seconds, _ in self.samples
+                       if begun <= end and begun + seconds >= start]  # fmt: skip
+        if overlapping:
+            return overlapping
+        with self._sampled:
+            self._sampled.wait_for(lambda: self.samples and self.samples[-1][0] > end, 600)
+            return [next(seconds for begun, seconds, _ in self.samples if begun > end)]
 
     @property
     def statuses(self) -> set[int]:
