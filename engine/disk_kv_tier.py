@@ -3,30 +3,25 @@
 was written), and blocks past a prompt's cached path are read back from it when the pool and
 the host tier do not hold them.
 
-The engine thread copies a committed block's bytes out of the pool when the cache hands it out
-(``PrefixCache.take_persist``, right after the step that filled it: its bytes are final), so
-the writer never reads the pool; the queue is bounded (``max_queued_bytes``) and a block that
-does not fit is not persisted (``disk_tier_dropped_writes``), never waited for. Reads happen on
-the engine thread when a prompt is admitted (``fetch``, the payloads checked), and the bytes
-are copied into fresh pool blocks before the step (``load``).
+Writes go through a ``BlockWriter`` (the bytes gathered when the cache hands the blocks out,
+``PrefixCache.take_persist``; a bounded queue whose overflow is ``disk_tier_dropped_writes``).
+Reads happen on the engine thread when a prompt is admitted (``fetch``, the payloads checked);
+the runner copies the bytes into fresh pool blocks before the step (``BlockBytes.load``).
 """
 
 from __future__ import annotations
 
 import logging
-import queue
-import threading
 from collections.abc import Sequence
 from typing import Any
 
 from prefixcache.engine.disk_kv_store import DiskKVStore
 from prefixcache.engine.kv_block_bytes import BlockBytes
 from prefixcache.engine.kv_cache import PagedKVCache
+from prefixcache.engine.tier_writer import BlockWriter
 from prefixcache.host_tier import PersistBlock
 
 log = logging.getLogger(__name__)
-
-_STOP = object()
 
 
 class DiskKVTier:
@@ -38,16 +33,9 @@ class DiskKVTier:
         self.kv = kv
         self.bytes = BlockBytes(kv)
         self.store = store
-        self.max_queued_bytes = max_queued_bytes
-        self.queued_bytes = 0
-        self.dropped_writes = 0
         self.write_errors = 0
         self.hit_blocks = 0  # blocks read back into the pool
-        self._queue: queue.Queue[Any] = queue.Queue()
-        self._idle = threading.Condition()
-        self._writer = threading.Thread(target=self._write_loop, name="kv-disk-writer",
-                                        daemon=True)  # fmt: skip
-        self._writer.start()
+        self.writer = BlockWriter(self.bytes, self._write, "kv-disk-writer", max_queued_bytes)
         if store.dropped:
             log.warning("KV disk tier %s: %d torn or corrupt records dropped at start",
                         store.folder, store.dropped)  # fmt: skip
@@ -75,58 +63,28 @@ class DiskKVTier:
 
     # ------------------------------------------------------------------ bytes
     def persist(self, blocks: Sequence[PersistBlock]) -> None:
-        """Queue the committed ``blocks`` for writing: their bytes are gathered out of the
-        pool now (engine thread, before anything else writes the pool; one gather per layer
-        for all of them), cut into records and written by the writer thread."""
-        size = self.store.record_bytes
-        room = max(0, (self.max_queued_bytes - self.queued_bytes) // size)
-        kept = list(blocks[:room])
-        self.dropped_writes += len(blocks) - len(kept)
-        if not kept:
-            return
-        gathered = self.bytes.gather([entry.block for entry in kept])
-        with self._idle:
-            self.queued_bytes += size * len(kept)
-        self._queue.put((kept, gathered))
-
-    def load(self, blocks: Sequence[int], payloads: Sequence[memoryview | bytes]) -> None:
-        """Write each payload (a record's) into its pool block."""
-        self.bytes.load(blocks, payloads)
+        """Queue the committed ``blocks`` for writing (``BlockWriter``)."""
+        self.writer.submit(blocks)
 
     def flush(self) -> None:
-        """Wait until every queued block is written."""
-        with self._idle:
-            self._idle.wait_for(lambda: self.queued_bytes == 0)
+        self.writer.flush()
 
     def close(self) -> None:
-        """Write what is queued, then stop the writer."""
-        self.flush()
-        self._queue.put(_STOP)
-        self._writer.join()
+        self.writer.close()
 
     def stats(self) -> dict[str, int]:
         stats = self.store.stats()
         stats.update(disk_tier_hit_tokens=self.hit_blocks * self.kv.block_size,
-                     disk_tier_dropped_writes=self.dropped_writes,
+                     disk_tier_dropped_writes=self.writer.dropped_writes,
                      disk_tier_write_errors=self.write_errors,
-                     disk_tier_queued_bytes=self.queued_bytes)  # fmt: skip
+                     disk_tier_queued_bytes=self.writer.queued_bytes)  # fmt: skip
         return stats
 
-    def _write_loop(self) -> None:
-        while True:
-            item = self._queue.get()
-            if item is _STOP:
-                return
-            entries, gathered = item
-            for entry, payload in zip(entries, self.bytes.payloads(gathered), strict=True):
-                try:
-                    self.store.write(entry.name, entry.block_hash, entry.parent_hash,
-                                     entry.tokens, payload)  # fmt: skip
-                except OSError as error:  # a full or failing disk: this block stays unwritten
-                    self.write_errors += 1
-                    log.warning("KV disk tier: a block was not written: %s", error)
-                finally:
-                    with self._idle:
-                        self.queued_bytes -= self.store.record_bytes
-                        self._idle.notify_all()
-
+    def _write(self, entries: list[PersistBlock], payloads: list[memoryview]) -> None:
+        for entry, payload in zip(entries, payloads, strict=True):
+            try:
+                self.store.write(entry.name, entry.block_hash, entry.parent_hash,
+                                 entry.tokens, payload)  # fmt: skip
+            except OSError as error:  # a full or failing disk: this block stays unwritten
+                self.write_errors += 1
+                log.warning("KV disk tier: a block was not written: %s", error)

@@ -17,10 +17,9 @@ from __future__ import annotations
 
 import json
 import logging
-import queue
 import struct
-import threading
 import time
+from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
 
@@ -28,20 +27,20 @@ import xxhash
 
 from prefixcache.engine.disk_kv_store import namespace_digest
 from prefixcache.engine.kv_block_bytes import BlockBytes
+from prefixcache.engine.tier_writer import BlockWriter
 from prefixcache.host_tier import PersistBlock
 
 log = logging.getLogger(__name__)
 
 BACKOFF_S = 5.0
 _CHECK = struct.Struct("<Q")
-_STOP = object()
 
 
 class RemoteKVTier:
     """The shared tier at ``url`` for blocks of ``record_bytes`` payload bytes."""
 
     def __init__(self, url: str, store: str, blocks: BlockBytes, timeout_s: float = 0.5,
-                 max_queued_bytes: int = 256 << 20) -> None:  # fmt: skip
+                 max_queued_bytes: int = 256 << 20, max_known: int = 1 << 20) -> None:  # fmt: skip
         import redis
 
         try:
@@ -50,16 +49,12 @@ class RemoteKVTier:
         except ValueError as error:
             raise ValueError(f"kv_remote={url!r} is not a redis:// URL: {error}") from error
         self.url, self.store, self.blocks = url, store, blocks
-        self.max_queued_bytes = max_queued_bytes
-        self.queued_bytes = 0
-        self.errors = self.written = self.dropped_writes = self.corrupt = self.hit_blocks = 0
+        self.errors = self.written = self.corrupt = self.hit_blocks = 0
         self._down_until = 0.0
-        self._known: set[tuple[str, int]] = set()  # blocks this engine wrote or read
-        self._queue: queue.Queue[Any] = queue.Queue()
-        self._idle = threading.Condition()
-        self._writer = threading.Thread(target=self._write_loop, name="kv-remote-writer",
-                                        daemon=True)  # fmt: skip
-        self._writer.start()
+        # blocks this engine wrote or read (not written again), the newest max_known
+        self._known: OrderedDict[tuple[str, int], None] = OrderedDict()
+        self._max_known = max_known
+        self.writer = BlockWriter(blocks, self._write, "kv-remote-writer", max_queued_bytes)
 
     def _key(self, name: Any, block_hash: int) -> str:
         return f"pckv:{self.store}:{namespace_digest(name)}:{block_hash:016x}"
@@ -104,67 +99,53 @@ class RemoteKVTier:
                 self.corrupt += 1
                 break
             payloads.append(payload)
-            self._known.add((namespace_digest(name), block_hash))
+            self._remember(namespace_digest(name), block_hash)
         self.hit_blocks += len(payloads)
         return payloads
 
     # ------------------------------------------------------------------ writes
     def persist(self, entries: Sequence[PersistBlock]) -> None:
-        """Queue ``entries`` (their bytes gathered now) for the writer; dropped when the store
-        is down or the queue is full."""
-        size = self.blocks.record_bytes
-        room = max(0, (self.max_queued_bytes - self.queued_bytes) // size)
-        kept = list(entries[:room]) if self._up() else []
-        self.dropped_writes += len(entries) - len(kept)
-        if not kept:
-            return
-        rows = self.blocks.gather([entry.block for entry in kept])
-        with self._idle:
-            self.queued_bytes += size * len(kept)
-        self._queue.put((kept, rows))
+        """Queue ``entries`` for the writer (``BlockWriter``); dropped while the store is down."""
+        if self._up():
+            self.writer.submit(entries)
+        else:
+            self.writer.drop(len(entries))
 
     def flush(self) -> None:
-        with self._idle:
-            self._idle.wait_for(lambda: self.queued_bytes == 0)
+        self.writer.flush()
 
     def close(self) -> None:
-        self.flush()
-        self._queue.put(_STOP)
-        self._writer.join()
+        self.writer.close()
 
     def stats(self) -> dict[str, int]:
         return {
             "remote_tier_hit_tokens": self.hit_blocks * self.blocks.kv.block_size,
             "remote_tier_written": self.written, "remote_tier_errors": self.errors,
-            "remote_tier_dropped_writes": self.dropped_writes,
+            "remote_tier_dropped_writes": self.writer.dropped_writes,
             "remote_tier_corrupt": self.corrupt,
         }  # fmt: skip
 
-    def _write_loop(self) -> None:
-        while True:
-            item = self._queue.get()
-            if item is _STOP:
-                return
-            entries, rows = item
-            payloads = self.blocks.payloads(rows)
-            try:
-                if self._up():
-                    pipe = self.client.pipeline(transaction=False)
-                    for entry, payload in zip(entries, payloads, strict=True):
-                        key = self._key(entry.name, entry.block_hash)
-                        header = json.dumps({"name": entry.name, "parent": entry.parent_hash,
-                                             "tokens": list(entry.tokens)}, default=list)
-                        check = _CHECK.pack(xxhash.xxh3_64_intdigest(payload))
-                        pipe.set(key + ":p", bytes(payload) + check, nx=True)
-                        pipe.set(key + ":h", header, nx=True)  # after its payload
-                    self._call(pipe.execute)
-                    self.written += len(entries)
-                    for entry in entries:
-                        self._known.add((namespace_digest(entry.name), entry.block_hash))
-            finally:
-                with self._idle:
-                    self.queued_bytes -= self.blocks.record_bytes * len(entries)
-                    self._idle.notify_all()
+    def _write(self, entries: list[PersistBlock], payloads: list[memoryview]) -> None:
+        if not self._up():
+            return
+        pipe = self.client.pipeline(transaction=False)
+        for entry, payload in zip(entries, payloads, strict=True):
+            key = self._key(entry.name, entry.block_hash)
+            header = json.dumps({"name": entry.name, "parent": entry.parent_hash,
+                                 "tokens": list(entry.tokens)}, default=list)  # fmt: skip
+            check = _CHECK.pack(xxhash.xxh3_64_intdigest(payload))
+            pipe.set(key + ":p", bytes(payload) + check, nx=True)
+            pipe.set(key + ":h", header, nx=True)  # after its payload
+        if self._call(pipe.execute) is not None:
+            self.written += len(entries)
+            for entry in entries:
+                self._remember(namespace_digest(entry.name), entry.block_hash)
+
+    def _remember(self, digest: str, block_hash: int) -> None:
+        self._known[(digest, block_hash)] = None
+        self._known.move_to_end((digest, block_hash))
+        if len(self._known) > self._max_known:
+            self._known.popitem(last=False)
 
     def _up(self) -> bool:
         return time.monotonic() >= self._down_until

@@ -52,7 +52,7 @@ def machine_report() -> dict[str, Any]:
     from prefixcache.kernels.cpu import peak_rates
     from prefixcache.kernels.cpu.build import F32_LIBRARY, cpu_flags, unavailable_reason
     from prefixcache.kernels.cpu.gemm_candidates import onednn_supports
-    from prefixcache.kernels.cpu.kernel_choice import _cpu_model
+    from prefixcache.kernels.cpu.kernel_choice import cpu_model
 
     flags = cpu_flags()
     libraries = {
@@ -70,7 +70,7 @@ def machine_report() -> dict[str, Any]:
         ),
     }
     return {
-        "cpu": _cpu_model(),
+        "cpu": cpu_model(),
         "threads": torch.get_num_threads(),
         "flags": {flag: flag in flags for flag in FLAGS_THAT_MATTER},
         "amx": "amx_bf16" in flags and "amx_tile" in flags,
@@ -86,27 +86,19 @@ def machine_report() -> dict[str, Any]:
 def choice_report(model_name: str) -> dict[str, Any]:
     """The model's ops timed on both implementations at every bucket, and what the engine runs."""
     from prefixcache.engine.model_registry import load_model
-    from prefixcache.kernels.cpu.kernel_choice import (
-        KernelChoice,
-        choice_key,
-        choice_path,
-        current_policy,
-        decide,
-    )
+    from prefixcache.kernels.cpu.kernel_choice import choose_kernels, current_policy
     from prefixcache.kernels.cpu.kernel_timing import measure_op
 
     loaded = load_model(model_name)
     model = loaded.model
     shapes = model.op_shapes()
     dtype = model.dtype
-    seconds = {s.name: measure_op(s, dtype) for s in shapes}
-    measured = KernelChoice(decide(seconds), seconds, "measured", choice_key(shapes, dtype))
     policy = current_policy()
-    if policy.mode == "measured" and shapes:
-        path = choice_path(measured.key)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(measured.to_json(), indent=1))
-        model.apply_kernel_choice(measured)
+    if policy.mode == "measured" and shapes:  # measured again, cached, and what runs
+        model.apply_kernel_choice(choose_kernels(shapes, dtype, remeasure=True))
+        seconds = model.kernel_choice.seconds
+    else:  # a forced choice runs: time the candidates for the table only
+        seconds = {s.name: measure_op(s, dtype) for s in shapes}
     running = model.kernel_choice
     rows = []
     for shape in shapes:

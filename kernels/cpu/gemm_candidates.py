@@ -22,8 +22,6 @@ from prefixcache.kernels.cpu.linear_f32 import f32_linear_supports, linear_f32, 
 from prefixcache.kernels.cpu.op_shapes import COMPILED, ONEDNN
 from prefixcache.kernels.reference.linear import pack_linear_weight
 
-GEMM_NAMES = (COMPILED, ONEDNN)
-
 
 @dataclass(frozen=True)
 class GemmCandidate:

@@ -206,7 +206,7 @@ def forced_choice(shapes: Sequence[OpShape], policy: Policy) -> KernelChoice:
 def choice_key(shapes: Sequence[OpShape], dtype: torch.dtype) -> dict[str, object]:
     """What a measured choice depends on: the machine, torch, threads, dtype and shapes."""
     return {
-        "schema": _SCHEMA, "cpu": _cpu_model(), "flags": sorted(cpu_flags()),
+        "schema": _SCHEMA, "cpu": cpu_model(), "flags": sorted(cpu_flags()),
         "machine": platform.machine(), "torch": torch.__version__,
         "threads": torch.get_num_threads(), "dtype": str(dtype).removeprefix("torch."),
         "shapes": [s.key() for s in shapes],
@@ -262,7 +262,8 @@ def _write_atomically(path: Path, text: str) -> None:
         log.debug("kernel choice not cached at %s: %s", path, exc)
 
 
-def _cpu_model() -> str:
+def cpu_model() -> str:
+    """The CPU's model name (``/proc/cpuinfo``), else the platform's processor string."""
     try:
         with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
             for line in f:

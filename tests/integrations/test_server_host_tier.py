@@ -3,6 +3,8 @@ visible in /v1/cache/stats and /metrics; the answer is the one the prompt got fi
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -22,22 +24,27 @@ def complete(client: httpx.Client, base: str, prompt: str) -> str:
     return response.json()["choices"][0]["text"]
 
 
-def test_an_evicted_prompt_is_served_from_the_tier(tiny_chat_dir: Path) -> None:
-    llm = LLM(str(tiny_chat_dir), dtype="float32", num_blocks=48, block_size=4,
-              kv_host_memory="2MiB")  # fmt: skip
+@contextmanager
+def tiered_server(folder: Path) -> Iterator[tuple[httpx.Client, str]]:
+    """A live server on an engine with a 48-block pool and a 2 MiB host tier."""
+    llm = LLM(str(folder), dtype="float32", num_blocks=48, block_size=4, kv_host_memory="2MiB")
     engine = AsyncLLM(llm)
     try:
         with BackgroundServer(build_app(engine, model_name=SERVED_NAME)) as server, \
                 httpx.Client(timeout=60) as client:  # fmt: skip
-            base = server.base_url
-            first = complete(client, base, DOCUMENT + " question one")
-            for k in range(3):  # other documents push it out of the 48-block pool
-                complete(client, base, " ".join(f"other{k}x{i}" for i in range(20)))
-            again = complete(client, base, DOCUMENT + " question one")
-            stats = client.get(f"{base}/v1/cache/stats").json()
-            metrics = client.get(f"{base}/metrics").text
+            yield client, server.base_url
     finally:
         engine.shutdown()
+
+
+def test_an_evicted_prompt_is_served_from_the_tier(tiny_chat_dir: Path) -> None:
+    with tiered_server(tiny_chat_dir) as (client, base):
+        first = complete(client, base, DOCUMENT + " question one")
+        for k in range(3):  # other documents push it out of the 48-block pool
+            complete(client, base, " ".join(f"other{k}x{i}" for i in range(20)))
+        again = complete(client, base, DOCUMENT + " question one")
+        stats = client.get(f"{base}/v1/cache/stats").json()
+        metrics = client.get(f"{base}/metrics").text
     assert again == first
     assert stats["host_tier_hit_tokens"] > 0 and stats["host_tier_blocks"] > 0
     assert stats["in_use"] == 0
@@ -49,23 +56,15 @@ def test_an_evicted_prompt_is_served_from_the_tier(tiny_chat_dir: Path) -> None:
 
 
 def test_reset_empties_the_tier_unless_told_to_keep_it(tiny_chat_dir: Path) -> None:
-    llm = LLM(str(tiny_chat_dir), dtype="float32", num_blocks=48, block_size=4,
-              kv_host_memory="2MiB")  # fmt: skip
-    engine = AsyncLLM(llm)
-    try:
-        with BackgroundServer(build_app(engine, model_name=SERVED_NAME)) as server, \
-                httpx.Client(timeout=60) as client:  # fmt: skip
-            base = server.base_url
-            for k in range(4):
-                complete(client, base, " ".join(f"doc{k}w{i}" for i in range(20)))
-            held = client.get(f"{base}/v1/cache/stats").json()["host_tier_blocks"]
-            kept = client.post(f"{base}/v1/cache/reset", params={"host_tier": "false"})
-            after_keep = client.get(f"{base}/v1/cache/stats").json()
-            emptied = client.post(f"{base}/v1/cache/reset")
-            after_empty = client.get(f"{base}/v1/cache/stats").json()
-            bad = client.post(f"{base}/v1/cache/reset", params={"host_tier": "maybe"})
-    finally:
-        engine.shutdown()
+    with tiered_server(tiny_chat_dir) as (client, base):
+        for k in range(4):
+            complete(client, base, " ".join(f"doc{k}w{i}" for i in range(20)))
+        held = client.get(f"{base}/v1/cache/stats").json()["host_tier_blocks"]
+        kept = client.post(f"{base}/v1/cache/reset", params={"host_tier": "false"})
+        after_keep = client.get(f"{base}/v1/cache/stats").json()
+        emptied = client.post(f"{base}/v1/cache/reset")
+        after_empty = client.get(f"{base}/v1/cache/stats").json()
+        bad = client.post(f"{base}/v1/cache/reset", params={"host_tier": "maybe"})
     assert held > 0 and kept.status_code == emptied.status_code == 200
     assert after_keep["host_tier_blocks"] == held and after_keep["cached"] == 0
     assert after_empty["host_tier_blocks"] == 0
