@@ -101,7 +101,7 @@ ZERO_HIT_NEW_TOKENS = 32
 # every method of the cache the scheduler calls while it serves requests
 SCHEDULER_CACHE_CALLS = (
     "match", "count_query", "allocate", "insert", "insert_partial", "release", "fork",
-    "copy_on_write", "promote",
+    "copy_on_write", "promote", "find_in_lower_tier",
 )
 
 

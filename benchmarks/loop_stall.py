@@ -27,6 +27,8 @@ import httpx
 from bench_report import write_json
 from health_probe import HealthProbe
 
+from prefixcache.kernels.cpu.kernel_choice import cpu_model
+
 WIDE = {"max_body_bytes": 63_700_992, "max_prompts": 1 << 30, "max_prompt_tokens": 1 << 40}
 JSON_HEADERS = {"content-type": "application/json"}
 WIDE_REQUESTS = ("ids filling the body cap",)  # 2 M chat messages would take GBs to hold
@@ -124,13 +126,6 @@ def main() -> None:
         "quick": args.quick, "model": args.model, "cpu": platform.processor() or cpu_model(),
         "torch": torch.__version__, "rows": rows,
     })
-
-
-def cpu_model() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.machine()
 
 
 if __name__ == "__main__":

@@ -53,6 +53,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 from bench_report import write_json
 from peer_model import export_hf_folder
 
+from prefixcache.kernels.cpu.kernel_choice import cpu_model
+
 _TEXT = (
     "the cache keeps attention keys and values of every prompt prefix so a repeated system "
     "prompt document or tool schema is never computed twice agents resend their history on "
@@ -277,14 +279,6 @@ def summarize(runs: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
             rows.append({"pattern": pattern, "phase": phase, "median_s": medians,
                          "ours_over_vllm": ratio, "line": line})  # fmt: skip
     return rows
-
-
-def cpu_model() -> str:
-    with open("/proc/cpuinfo") as f:
-        for line in f:
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    return platform.processor()
 
 
 if __name__ == "__main__":

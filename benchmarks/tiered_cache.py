@@ -11,14 +11,20 @@ the host tier (L2) and recomputed, and what write-back costs a workload with no 
    engine with the tier and on one without, rounds interleaved: tokens/s with / without
    (target >= 0.98). The tier's copy bandwidth is reported against a plain ``torch`` copy of
    the same bytes.
-3. Disk: the same TTFT with the prefix only on disk (pool refilled, no host tier; its pages
-   likely still in the OS page cache), after a restart of the engine on the same directory, and
-   recomputed; the write-through's cost is timed with the write-back's (a third engine).
+3. Disk: the same TTFT with the prefix only on disk (pool refilled, no host tier), read with
+   O_DIRECT where the file system allows it (so never from the page cache), after a restart of
+   the engine on the same directory, and recomputed; the tier's read rate against the same
+   files read raw (8 threads, O_DIRECT) and a memory copy; the write-through's cost is timed
+   with the write-back's (a third engine).
 4. Shared store: a second replica loads a prefix the first computed from a ``redis-server``
-   started here (skipped where none is installed), against recomputing it.
+   started here (skipped where none is installed), against recomputing it; its read rate
+   against a raw MGET of the same values.
 5. Capacity: ``--sessions`` agent sessions (a ``--history`` token start, ``--turn-tokens`` more
-   each turn) visited in turn for ``--turns`` turns, through a pool a quarter of their size,
-   alone and with the tier, and through a pool that holds them all: hit rate and mean TTFT.
+   each turn) visited in turn for ``--turns`` turns, through a pool a quarter of their size:
+   alone, with a host tier, with a host tier of a quarter of their size plus the disk tier,
+   and through a pool that holds them all: hit rate and mean TTFT.
+6. Quantized tiers (``tier_quant.py``): tokens per GiB, TTFT and greedy agreement with the
+   uncached engine for ``kv_tier_dtype`` auto / fp8 / int8.
 
     python benchmarks/tiered_cache.py [--rounds 5] [--out results/tiered_cache.json]
 """
@@ -42,8 +48,12 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 from bench_report import write_json
+from tier_quant import add_arguments as add_quant_arguments
+from tier_quant import agreement, print_agreement
+from tier_rates import histogram_rate, memory_copy, raw_disk_read, raw_store_read
 
 from prefixcache.engine import LLM, SamplingParams
+from prefixcache.kernels.cpu.kernel_choice import cpu_model
 
 FIRST_TOKEN = SamplingParams(max_tokens=1, temperature=0.0)
 
@@ -91,16 +101,18 @@ def ttft_by_tier(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def disk_tier(args: argparse.Namespace, folder: Path) -> dict[str, Any]:
-    """TTFT from the disk tier (the pool refilled, no host tier; the file pages likely still in
-    the OS page cache: this machine cannot drop it), after a restart, and recomputed."""
+    """TTFT from the disk tier (the pool refilled, no host tier; read with O_DIRECT where the
+    file system allows, so not from the page cache), from the pool right after (L1, the same
+    engine), after a restart, and recomputed; the tier's read rate against raw reads."""
     block = 16
     make = functools.partial(LLM, num_blocks=args.pool_tokens // block, block_size=block,
                              kv_disk_dir=folder)  # fmt: skip
     llm = make()
     rng = np.random.default_rng(3)
     ttft(llm, random_tokens(rng, 64))
-    times: dict[str, list[float]] = {"L3": [], "recompute": [], "L3 after restart": []}
+    times: dict[str, list[float]] = {"L1": [], "L3": [], "recompute": [], "L3 after restart": []}
     prefixes = []
+    before = llm.stats()["tier_latency_seconds"]["disk"]["load"]
     for _ in range(args.rounds):
         prefix = random_tokens(rng, args.prefix)
         prefixes.append(prefix)
@@ -112,9 +124,16 @@ def disk_tier(args: argparse.Namespace, folder: Path) -> dict[str, Any]:
         times["L3"].append(ttft(llm, prefix + random_tokens(rng, args.suffix)))
         if llm.stats()["disk_tier_hit_tokens"] - hits < args.prefix - block:
             raise RuntimeError("the L3 request did not load the prefix from disk")
+        times["L1"].append(ttft(llm, prefix + random_tokens(rng, args.suffix)))
         times["recompute"].append(ttft(llm, random_tokens(rng, args.prefix + args.suffix)))
     llm.flush_tiers()
-    records = llm.stats()["disk_tier_records"]
+    stats = llm.stats()
+    record_bytes = llm.disk_tier.store.record_bytes
+    tier_gbps = histogram_rate(before, stats["tier_latency_seconds"]["disk"]["load"],
+                               record_bytes)  # fmt: skip
+    records = stats["disk_tier_records"]
+    direct = llm.disk_tier.store.files.direct
+    paths = sorted(llm.disk_tier.store.folder.glob("*.kvb"))[: args.prefix // block]
     del llm
     start = time.perf_counter()
     restarted = make()
@@ -125,11 +144,15 @@ def disk_tier(args: argparse.Namespace, folder: Path) -> dict[str, Any]:
     restarted.flush_tiers()
     restarted.disk_tier.close()
     medians = {name: statistics.median(values) for name, values in times.items()}
+    raw = raw_disk_read(paths)
     return {
-        "seconds": times, "medians": medians, "records": records,
+        "seconds": times, "medians": medians, "records": records, "direct_io": direct,
         "engine_start_with_index_s": reopen_s,
+        "l3_over_l1": medians["L3"] / medians["L1"],
         "l3_over_recompute": medians["L3"] / medians["recompute"],
         "restart_over_recompute": medians["L3 after restart"] / medians["recompute"],
+        "tier_read_gbps": tier_gbps, "raw_read": raw,
+        "memory_copy_gbps": memory_copy(raw["bytes"]),
     }
 
 
@@ -161,21 +184,32 @@ def remote_tier(args: argparse.Namespace) -> dict[str, Any] | None:
         rng = np.random.default_rng(4)
         for llm in (first, second):
             ttft(llm, random_tokens(rng, 64))
-        times: dict[str, list[float]] = {"L4": [], "recompute": []}
+        times: dict[str, list[float]] = {"L1": [], "L4": [], "recompute": []}
+        before = second.stats()["tier_latency_seconds"]["remote"]["load"]
         for _ in range(args.rounds):
             prefix = random_tokens(rng, args.prefix)
             ttft(first, prefix)
             first.flush_tiers()
             times["L4"].append(ttft(second, prefix + random_tokens(rng, args.suffix)))
+            times["L1"].append(ttft(second, prefix + random_tokens(rng, args.suffix)))
             times["recompute"].append(ttft(second, random_tokens(rng, args.prefix + args.suffix)))
         for llm in (first, second):
             llm.flush_tiers()  # before the store stops
-        hits = second.stats()["remote_tier_hit_tokens"]
+        stats = second.stats()
+        hits = stats["remote_tier_hit_tokens"]
         if hits < args.rounds * (args.prefix - block):
             raise RuntimeError(f"the second replica loaded {hits} tokens from the store")
+        record_bytes = second.remote_tier.blocks.record_bytes
+        tier_gbps = histogram_rate(before, stats["tier_latency_seconds"]["remote"]["load"],
+                                   record_bytes)  # fmt: skip
+        client = redis.Redis.from_url(url)
+        keys = [key for key in client.scan_iter("pckv:*:p", count=1000)][: args.prefix // block]
         medians = {name: statistics.median(values) for name, values in times.items()}
         return {"seconds": times, "medians": medians,
-                "l4_over_recompute": medians["L4"] / medians["recompute"]}  # fmt: skip
+                "l4_over_l1": medians["L4"] / medians["L1"],
+                "l4_over_recompute": medians["L4"] / medians["recompute"],
+                "tier_read_gbps": tier_gbps,
+                "raw_mget_gbps": raw_store_read(client, keys)}  # fmt: skip
     finally:
         server.kill()
         server.wait()
@@ -230,15 +264,24 @@ def write_cost(args: argparse.Namespace, tier: str) -> dict[str, Any]:
 
 def capacity(args: argparse.Namespace) -> dict[str, Any]:
     """Agent sessions visited in turn, more than the pool holds: hit rate and mean TTFT with
-    the pool alone, the pool + the host tier, and a pool big enough for everything."""
+    the pool alone, with a host tier that holds them all, with one that holds a quarter plus
+    the disk tier, and with a pool big enough for everything."""
     block = 16
     total = args.sessions * (args.history + args.turns * args.turn_tokens)
-    pools = {"pool only": total // block // 4, "pool + host tier": total // block // 4,
-             "unbounded pool": total // block + 64}  # fmt: skip
+    quarter = total // block // 4
+    small_host = quarter * 16 * 23_040  # a quarter of the sessions' KV (SmolLM2 bf16 bytes)
+    disk = tempfile.TemporaryDirectory(prefix="kv-disk-")
+    setups: dict[str, tuple[int, dict[str, Any]]] = {
+        "pool only": (quarter, {}),
+        "pool + host tier": (quarter, {"kv_host_memory": args.host_memory}),
+        "pool + 1/4 host tier": (quarter, {"kv_host_memory": small_host}),
+        "pool + 1/4 host tier + disk": (quarter, {"kv_host_memory": small_host,
+                                                  "kv_disk_dir": disk.name}),
+        "unbounded pool": (total // block + 64, {}),
+    }  # fmt: skip
     results = {}
-    for name, blocks in pools.items():
-        tier = args.host_memory if name == "pool + host tier" else None
-        llm = LLM(num_blocks=blocks, block_size=block, kv_host_memory=tier)
+    for name, (blocks, tiers) in setups.items():
+        llm = LLM(num_blocks=blocks, block_size=block, **tiers)
         rng = np.random.default_rng(2)
         histories = [random_tokens(rng, args.history) for _ in range(args.sessions)]
         llm.generate([random_tokens(rng, 32)], FIRST_TOKEN)  # warm-up
@@ -253,8 +296,11 @@ def capacity(args: argparse.Namespace) -> dict[str, Any]:
         query = stats["query_tokens"] - before["query_tokens"]
         results[name] = {"hit_rate": hit / query, "mean_ttft_s": statistics.mean(times),
                          "pool_blocks": blocks,
-                         "tier_hit_tokens": stats.get("host_tier_hit_tokens", 0)}  # fmt: skip
+                         "host_tier_hit_tokens": stats.get("host_tier_hit_tokens", 0),
+                         "disk_tier_hit_tokens": stats.get("disk_tier_hit_tokens", 0)}  # fmt: skip
         llm.cache.check_invariants()
+        llm.tiers.close()
+    disk.cleanup()
     return results
 
 
@@ -298,6 +344,7 @@ def main() -> None:
     parser.add_argument("--history", type=int, default=768)
     parser.add_argument("--turns", type=int, default=4)
     parser.add_argument("--turn-tokens", type=int, default=48)
+    add_quant_arguments(parser)
     parser.add_argument("--out", default="results/tiered_cache.json")
     args = parser.parse_args()
     by_tier = ttft_by_tier(args)
@@ -309,17 +356,25 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="kv-disk-") as folder:
         disk = disk_tier(args, Path(folder))
     d = disk["medians"]
-    print(f"TTFT from disk: L3 {d['L3']:.3f} s, after a restart {d['L3 after restart']:.3f} s "
-          f"(the engine's start with {disk['records']} records: "
-          f"{disk['engine_start_with_index_s']:.1f} s, model load included), recompute "
-          f"{d['recompute']:.3f} s; L3 / recompute {disk['l3_over_recompute']:.3f} "
-          f"(target <= 0.1)", flush=True)  # fmt: skip
+    print(f"TTFT from disk ({'O_DIRECT' if disk['direct_io'] else 'page cache'}): L3 "
+          f"{d['L3']:.3f} s, L1 right after {d['L1']:.3f} s, L3 / L1 {disk['l3_over_l1']:.2f} "
+          f"(target <= 2); after a restart {d['L3 after restart']:.3f} s (the engine's start "
+          f"with {disk['records']} records: {disk['engine_start_with_index_s']:.1f} s, model "
+          f"load included); recompute {d['recompute']:.3f} s; L3 / recompute "
+          f"{disk['l3_over_recompute']:.3f} (target <= 0.1)", flush=True)  # fmt: skip
+    raw = disk["raw_read"]
+    print(f"disk read GB/s: the tier {disk['tier_read_gbps']:.2f} (read + checks), the same "
+          f"files raw {raw['gbps']:.2f} ({raw['threads']} threads"
+          f"{', O_DIRECT' if raw['direct_io'] else ''}), memory copy "
+          f"{disk['memory_copy_gbps']:.1f}", flush=True)  # fmt: skip
     remote = remote_tier(args)
     if remote is not None:
         r = remote["medians"]
-        print(f"TTFT from Redis (another replica computed it): L4 {r['L4']:.3f} s, recompute "
-              f"{r['recompute']:.3f} s; L4 / recompute {remote['l4_over_recompute']:.3f} "
-              f"(target <= 0.1)", flush=True)  # fmt: skip
+        print(f"TTFT from Redis (another replica computed it): L4 {r['L4']:.3f} s, L1 right "
+              f"after {r['L1']:.3f} s, recompute {r['recompute']:.3f} s; L4 / recompute "
+              f"{remote['l4_over_recompute']:.3f} (target <= 0.1); store read GB/s: the tier "
+              f"{remote['tier_read_gbps']:.2f}, a raw MGET {remote['raw_mget_gbps']:.2f}",
+              flush=True)  # fmt: skip
     host = write_cost(args, "host")
     bw = host["copy_gbps"]
     print(f"0% hits, every evicted block written back to the host tier: tokens/s with / without "
@@ -334,11 +389,14 @@ def main() -> None:
     sessions = capacity(args)
     for name, row in sessions.items():
         print(f"{args.sessions} sessions x {args.turns} turns, {name} ({row['pool_blocks']} "
-              f"blocks): hit rate {row['hit_rate']:.1%}, mean TTFT {row['mean_ttft_s']:.3f} s")
+              f"blocks): hit rate {row['hit_rate']:.1%}, mean TTFT {row['mean_ttft_s']:.3f} s",
+              flush=True)  # fmt: skip
+    quantized = agreement(args)
+    print_agreement(quantized)
     write_json(args.out, {"args": vars(args), "ttft": by_tier, "disk": disk, "remote": remote,
-                          "write_back": host,
-                          "write_through": on_disk,
-                          "capacity": sessions, "torch": torch.__version__})  # fmt: skip
+                          "write_back": host, "write_through": on_disk,
+                          "capacity": sessions, "quantized_tiers": quantized,
+                          "cpu": cpu_model(), "torch": torch.__version__})  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -1,16 +1,15 @@
-"""The files of the disk KV tier: one record per full block, crash-safe, found again after a
-restart.
+"""The disk KV tier's store: one record per full block (``disk_record``), crash-safe, found
+again after a restart.
 
 A store lives in ``DIR/<store key>/``, the key a digest of everything that decides a block's
 bytes (model fingerprint, element dtype, block size, layers, kv heads, head_dim, the format's
 version): another model, dtype or block size uses another folder and never reads these files
-as its own. A record (``<namespace digest>-<block hash>.kvb``, mode 0600) is a magic line, a
-JSON header (the store key, the namespace name, block hash, parent hash, tokens, payload size),
-the payload (every layer's K block, then every layer's V block, raw bytes) and
-an xxh3-64 of all that came before. It is written to a temporary file and renamed into place,
-so a crash leaves either the old state or the whole record; at start, temporary files and
-records whose header does not parse or check are deleted and counted (``dropped``). A payload
-is checked again when it is read; a record that fails is deleted and reads as a miss.
+as its own. A record is ``<namespace digest>-<block hash>.kvb``, mode 0600, written to a
+temporary file and renamed into place, so a crash leaves either the old state or the whole
+record. At start the index is rebuilt from the records' leads; temporary files and records
+whose lead does not parse or check, or whose size is not the one it implies, are deleted and
+counted (``dropped``). A payload is checked when it is read; a record that fails is deleted and
+reads as a miss. Records beyond ``capacity`` bytes go least recently used first.
 """
 
 from __future__ import annotations
@@ -18,24 +17,26 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
-import struct
-import tempfile
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import xxhash
+import numpy as np
+
+from prefixcache.engine.disk_record import (
+    ALIGN,
+    RecordFiles,
+    aligned_array,
+    direct_io_works,
+    is_temporary,
+)
 
 log = logging.getLogger(__name__)
 
-MAGIC = b"PCKV1\n"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 SUFFIX = ".kvb"
-_LENGTH = struct.Struct("<I")  # header bytes
-_CHECK = struct.Struct("<Q")  # trailing xxh3-64
 
 
 def store_key(fingerprint: str, dtype: str, block_size: int, layers: int, kv_heads: int,
@@ -57,13 +58,17 @@ class DiskRecord:
     parent: int
     tokens: tuple[int, ...]
     size: int
+    lead_bytes: int  # the bytes before the payload
 
 
 class DiskKVStore:
     """Records of ``record_bytes`` payload bytes under ``root / key``, at most ``capacity``
-    bytes of files, least recently used deleted first."""
+    bytes of files, least recently used deleted first. ``padded_bytes``: the payload's size
+    in a record, and the size of the buffers ``write`` and ``read`` take."""
 
-    def __init__(self, root: Path, key: str, record_bytes: int, capacity: int) -> None:
+    def __init__(self, root: Path, key: str, record_bytes: int, capacity: int,
+                 direct_io: bool | None = None) -> None:  # fmt: skip
+        """``direct_io``: use ``O_DIRECT`` (None: where the folder's file system takes it)."""
         self.folder = Path(root) / key
         self.key = key
         self.record_bytes = record_bytes
@@ -76,10 +81,14 @@ class DiskKVStore:
         self.lock = threading.RLock()  # the index: read by the engine thread, grown by a writer
         try:
             self.folder.mkdir(parents=True, exist_ok=True, mode=0o700)
-            with tempfile.NamedTemporaryFile(dir=self.folder, prefix=".probe-"):
-                pass
+            probe = self.folder / f".tmp-probe-{threading.get_ident()}"
+            probe.write_bytes(b"")
+            probe.unlink()
         except OSError as error:
             raise ValueError(f"the KV disk directory {root} is not writable: {error}") from error
+        direct = direct_io_works(self.folder) if direct_io is None else direct_io
+        self.files = RecordFiles(self.folder, key, record_bytes, direct)
+        self.padded_bytes = self.files.padded_bytes
         self._scan()
 
     # ------------------------------------------------------------------ index
@@ -108,54 +117,44 @@ class DiskKVStore:
 
     # ------------------------------------------------------------------ files
     def write(self, name: Any, block_hash: int, parent: int, tokens: tuple[int, ...],
-              payload: bytes | memoryview) -> None:  # fmt: skip
-        """Write one record (temp file + rename; the index is locked only to add it); evicts
-        old records past the capacity. Any thread."""
+              payload: bytes | memoryview | np.ndarray) -> None:  # fmt: skip
+        """Write one record (the index is locked only to add it); evicts old records past the
+        capacity. ``payload``: ``record_bytes``, or a ``padded_bytes`` page-aligned buffer
+        zero past them (written as it is; anything else is copied into one first). Any thread;
+        OSError when the disk fails."""
         key = self.key_of(name, block_hash)
-        if key in self or len(payload) != self.record_bytes:
+        if key in self:
             return
-        header = json.dumps({
-            "store": self.key, "name": name, "hash": block_hash, "parent": parent,
-            "tokens": list(tokens), "payload": len(payload),
-        }, default=list).encode()  # fmt: skip
-        parts = [MAGIC, _LENGTH.pack(len(header)), header, payload]
-        check = xxhash.xxh3_64()
-        for part in parts:
-            check.update(part)
-        parts.append(_CHECK.pack(check.intdigest()))
-        size = sum(len(part) for part in parts)
+        padded = _as_padded(payload, self.record_bytes, self.padded_bytes)
+        if padded is None:
+            return
         path = self.folder / f"{key[0]}-{block_hash:016x}{SUFFIX}"
-        fd, tmp = tempfile.mkstemp(dir=self.folder, prefix=".tmp-")
-        try:
-            with os.fdopen(fd, "wb") as f:  # mkstemp creates it 0600
-                f.writelines(parts)
-            os.replace(tmp, path)
-        except OSError:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        fields = {"name": name, "hash": block_hash, "parent": parent, "tokens": list(tokens)}
+        lead_bytes = self.files.write(path, fields, padded)
+        size = self.files.file_bytes(lead_bytes)
         with self.lock:
             if key in self.records:  # written meanwhile: the same bytes under the same name
                 return
-            self.records[key] = DiskRecord(path, parent, tuple(tokens), size)
+            self.records[key] = DiskRecord(path, parent, tuple(tokens), size, lead_bytes)
             self.bytes += size
             self.written += 1
             while self.bytes > self.capacity and self.records:
                 self._delete(next(iter(self.records)), evicted=True)
 
-    def read(self, key: tuple[str, int], name: Any) -> memoryview | None:
-        """The payload of ``key``, checked (namespace, sizes, both checksums); None, with the
-        record deleted and counted, if it fails."""
+    def read(self, key: tuple[str, int], name: Any,
+             out: np.ndarray | None = None) -> np.ndarray | None:  # fmt: skip
+        """The payload of ``key`` (``record_bytes`` uint8), read into ``out`` when given (a
+        ``padded_bytes`` page-aligned buffer; the payload is its first ``record_bytes``),
+        checked (namespace, store, sizes, checksums); None, with the record deleted and
+        counted, if it fails. Any thread: the file is read outside the lock."""
         with self.lock:
             record = self.records.get(key)
         if record is None:
             return None
+        buffer = aligned_array(1, self.padded_bytes)[0] if out is None else out
         try:
-            data = bytearray(record.size)
-            with open(record.path, "rb") as f:
-                if f.readinto(data) != record.size or f.read(1):
-                    raise ValueError("torn: not the length it had at start")
-            header, payload = _parse(data, self.key)
-            if header["name"] != json.loads(json.dumps(name, default=list)):
+            fields = self.files.read(record.path, record.lead_bytes, record.size, buffer)
+            if fields["name"] != json.loads(json.dumps(name, default=list)):
                 raise ValueError("another namespace under the same digest")
         except (OSError, ValueError, KeyError, TypeError) as error:
             log.warning("KV disk record %s dropped: %s", record.path.name, error)
@@ -167,7 +166,7 @@ class DiskKVStore:
         with self.lock:
             if key in self.records:
                 self.records.move_to_end(key)
-        return payload
+        return buffer[: self.record_bytes]
 
     def clear(self) -> int:
         with self.lock:
@@ -189,16 +188,18 @@ class DiskKVStore:
         checked when it is read."""
         entries = []
         for path in self.folder.iterdir():
-            if path.name.startswith(".tmp-"):
+            if is_temporary(path):
                 path.unlink(missing_ok=True)
                 self.dropped += 1
                 continue
             if path.suffix != SUFFIX:
                 continue
             try:
-                header, size = _read_header(path, self.key)
-                key = (namespace_digest(header["name"]), int(header["hash"]))
-                record = DiskRecord(path, int(header["parent"]), tuple(header["tokens"]), size)
+                header, size = self.files.read_header(path)
+                fields = header.fields
+                key = (namespace_digest(fields["name"]), int(fields["hash"]))
+                record = DiskRecord(path, int(fields["parent"]), tuple(fields["tokens"]), size,
+                                    header.lead_bytes)  # fmt: skip
                 entries.append((path.stat().st_mtime_ns, key, record))
             except (OSError, ValueError, KeyError, TypeError) as error:
                 log.warning("KV disk record %s dropped at start: %s", path.name, error)
@@ -222,37 +223,16 @@ class DiskKVStore:
         }  # fmt: skip
 
 
-def _read_header(path: Path, store: str) -> tuple[dict[str, Any], int]:
-    """(header, file size) of a record, checked as far as the header tells (magic, store key,
-    the length the payload size implies); ValueError otherwise."""
-    with open(path, "rb") as f:
-        lead = f.read(len(MAGIC) + _LENGTH.size)
-        if len(lead) < len(MAGIC) + _LENGTH.size or not lead.startswith(MAGIC):
-            raise ValueError("not a record (bad magic or too short)")
-        (length,) = _LENGTH.unpack_from(lead, len(MAGIC))
-        header = json.loads(f.read(length))
-        size = f.seek(0, os.SEEK_END)
-    if header.get("store") != store:
-        raise ValueError("written by another model, dtype or block size")
-    if size != len(lead) + length + int(header["payload"]) + _CHECK.size:
-        raise ValueError("torn: shorter or longer than its header says")
-    return header, size
-
-
-def _parse(data: bytearray, store: str) -> tuple[dict[str, Any], memoryview]:
-    """(header, payload view) of a whole record; ValueError when any check fails."""
-    view = memoryview(data)
-    if len(data) < len(MAGIC) + _LENGTH.size + _CHECK.size or not data.startswith(MAGIC):
-        raise ValueError("not a record (bad magic or too short)")
-    body, check = view[: -_CHECK.size], _CHECK.unpack(view[-_CHECK.size :])[0]
-    if xxhash.xxh3_64_intdigest(body) != check:
-        raise ValueError("checksum mismatch (torn or corrupt)")
-    (length,) = _LENGTH.unpack_from(body, len(MAGIC))
-    start = len(MAGIC) + _LENGTH.size
-    header = json.loads(bytes(body[start : start + length]))
-    payload = body[start + length :]
-    if header.get("store") != store:
-        raise ValueError("written by another model, dtype or block size")
-    if header["payload"] != len(payload):
-        raise ValueError("payload size mismatch")
-    return header, payload
+def _as_padded(payload: bytes | memoryview | np.ndarray, record_bytes: int,
+               padded_bytes: int) -> np.ndarray | None:  # fmt: skip
+    """``payload`` as a page-aligned, zero-padded ``padded_bytes`` buffer (itself when it is
+    one already); None when it is neither ``record_bytes`` nor ``padded_bytes`` long."""
+    array = np.frombuffer(payload, dtype=np.uint8) if not isinstance(payload, np.ndarray) \
+        else payload.reshape(-1).view(np.uint8)  # fmt: skip
+    if array.nbytes == padded_bytes and array.ctypes.data % ALIGN == 0:
+        return array
+    if array.nbytes not in (record_bytes, padded_bytes):
+        return None
+    padded = aligned_array(1, padded_bytes)[0]
+    padded[:record_bytes] = array[:record_bytes]
+    return padded

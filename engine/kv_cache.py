@@ -96,13 +96,23 @@ class PagedKVCache:
 
 @torch.inference_mode()
 def calibrate_kv_scales(model: torch.nn.Module, kv: PagedKVCache) -> None:
-    """Set the static scales of a quantized pool from one causal pass over calibration tokens.
+    """Set the static scales of a quantized pool (``measure_kv_scales``); a float pool is
+    left as it is."""
+    if not kv.quantized:
+        return
+    kv.k_scale, kv.v_scale = measure_kv_scales(model, kv.dtype)
+
+
+@torch.inference_mode()
+def measure_kv_scales(
+    model: torch.nn.Module, dtype: torch.dtype
+) -> tuple[list[torch.Tensor], list[torch.Tensor]]:  # per layer: [num_kv_heads, head_dim] f32
+    """Static per-layer, per-channel K and V scales for storing KV as ``dtype`` (fp8 or int8),
+    from one causal pass of the model over fixed calibration tokens (on the model's device).
 
     Keys carry RoPE, which rotates channel ``c`` with channel ``c + head_dim / 2``; their scale
     bounds the pair's norm so it holds at any position. Values use their plain per-channel max.
     """
-    if not kv.quantized:
-        return
     generator = torch.Generator().manual_seed(CALIBRATION_SEED)
     vocab = model.config.vocab_size
     ids = torch.randint(0, vocab, (CALIBRATION_TOKENS,), generator=generator)
@@ -123,7 +133,8 @@ def calibrate_kv_scales(model: torch.nn.Module, kv: PagedKVCache) -> None:
         return out.transpose(0, 1)
 
     model(ids.to(device), positions.to(device), record)
-    headroom = HEADROOM[kv.dtype]
-    for layer in range(len(kv.k)):
-        kv.k_scale[layer] = scales_from_amax(amax_k[layer], kv.dtype, headroom).to(device)
-        kv.v_scale[layer] = scales_from_amax(amax_v[layer], kv.dtype, headroom).to(device)
+    headroom = HEADROOM[dtype]
+    layers = range(len(amax_k))
+    k_scales = [scales_from_amax(amax_k[i], dtype, headroom).to(device) for i in layers]
+    v_scales = [scales_from_amax(amax_v[i], dtype, headroom).to(device) for i in layers]
+    return k_scales, v_scales

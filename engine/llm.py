@@ -12,7 +12,6 @@ import torch
 
 from prefixcache import PrefixCache
 from prefixcache.engine.devices import resolve_device
-from prefixcache.engine.disk_kv_store import DiskKVStore, store_key
 from prefixcache.engine.disk_kv_tier import DiskKVTier
 from prefixcache.engine.engine_core import EngineCore
 from prefixcache.engine.engine_options import (
@@ -25,9 +24,9 @@ from prefixcache.engine.engine_options import (
     resolve_dtype,
 )
 from prefixcache.engine.host_kv_tier import HostKVTier
-from prefixcache.engine.kv_block_bytes import BlockBytes
 from prefixcache.engine.kv_cache import PagedKVCache, blocks_for_memory, kv_bytes_per_block
-from prefixcache.engine.lower_tiers import LowerTiers
+from prefixcache.engine.kv_tier_codec import tier_codec, tier_storage_dtype
+from prefixcache.engine.kv_tiers import KVTiers
 from prefixcache.engine.model_registry import DEFAULT_MODEL, load_model
 from prefixcache.engine.model_runner import ModelRunner
 from prefixcache.engine.outputs import RequestOutput
@@ -40,7 +39,6 @@ from prefixcache.kernels import kv_storage_dtype
 from prefixcache.tokens import check_salt
 
 DEFAULT_KV_CACHE_MEMORY = 1 << 30
-DEFAULT_KV_DISK_SIZE = 10 << 30
 DEFAULT_MAX_MODEL_LEN = 8192
 
 
@@ -66,6 +64,10 @@ class LLM:
     past the pool and the host tier (``disk_tier_*``); ``flush_tiers()`` waits for the writes.
     ``kv_remote`` ("redis://host:port") adds a tier shared with other replicas in Redis or
     Valkey, looked up after the disk (``remote_tier_*``); a dead or slow store reads as misses.
+    Blocks in the disk tier or the store are read on a thread of their own while the request
+    waits and the others run. ``kv_tier_dtype`` "fp8" or "int8" (under a float pool) stores the
+    tiers' blocks quantized: about twice the blocks in the same bytes, at a quantized pool's
+    precision (``prefixcache.engine.kv_tier_codec``); "auto" keeps the pool's dtype, exact.
     """
 
     def __init__(
@@ -88,6 +90,7 @@ class LLM:
         kv_disk_dir: str | Path | None = None,
         kv_disk_size: int | str | None = None,
         kv_remote: str | None = None,
+        kv_tier_dtype: str = "auto",
     ) -> None:
         check_int_option("block_size", block_size)
         host_memory = parse_memory_size("kv_host_memory", kv_host_memory)
@@ -101,6 +104,9 @@ class LLM:
         check_int_option("max_num_seqs", max_num_seqs)
         check_int_option("max_num_batched_tokens", max_num_batched_tokens)
         compute_dtype = resolve_dtype(dtype)
+        # a bad tier dtype fails before the model loads (the pool's float dtype is not known
+        # yet; whether it is quantized is)
+        tier_storage_dtype(kv_tier_dtype, kv_storage_dtype(kv_cache_dtype, torch.float32))
         if num_threads is not None:
             torch.set_num_threads(num_threads)
         self.device = resolve_device(device)
@@ -122,47 +128,34 @@ class LLM:
                 self.config, block_size, kv_storage_dtype(kv_cache_dtype, self.dtype),
                 DEFAULT_KV_CACHE_MEMORY if kv_cache_memory is None else kv_cache_memory,
             )
+        pool_dtype = kv_storage_dtype(kv_cache_dtype, self.dtype)
+        tier_dtype = tier_storage_dtype(kv_tier_dtype, pool_dtype)
         host_slots = 0
         if host_memory is not None:
-            host_slots = host_memory // kv_bytes_per_block(
-                self.config, block_size, kv_storage_dtype(kv_cache_dtype, self.dtype)
-            )
+            host_slots = host_memory // kv_bytes_per_block(self.config, block_size, tier_dtype)
             if host_slots < 1:
                 raise ValueError(f"kv_host_memory={kv_host_memory!r} holds no KV block")
         self.cache = PrefixCache(num_blocks, block_size, model_fingerprint=loaded.fingerprint,
                                  host_tier_blocks=host_slots)  # fmt: skip
+        in_pool_rows = self.device.type != "cuda" and tier_dtype == pool_dtype
         self.kv = PagedKVCache(
             self.config, num_blocks, block_size, self.dtype, self.device, kv_cache_dtype,
-            extra_rows=0 if self.device.type == "cuda" else host_slots,
+            extra_rows=host_slots if in_pool_rows else 0,
         )
-        self.host_tier = HostKVTier(self.kv, host_slots) if host_slots else None
-        self.disk_tier = None
-        self.remote_tier = None
-        storage = kv_storage_dtype(kv_cache_dtype, self.dtype)
-        key = store_key(loaded.fingerprint, str(storage), block_size, self.config.num_layers,
-                        self.config.num_kv_heads, self.config.head_dim)  # fmt: skip
-        if kv_disk_dir is not None:
-            store = DiskKVStore(
-                Path(kv_disk_dir), key, kv_bytes_per_block(self.config, block_size, storage),
-                DEFAULT_KV_DISK_SIZE if disk_size is None else disk_size,
-            )
-            self.disk_tier = DiskKVTier(self.kv, store)
-        if kv_remote is not None:
-            if not isinstance(kv_remote, str):
-                raise TypeError(f"kv_remote must be a redis:// URL, got {type(kv_remote).__name__}")
-            self.remote_tier = RemoteKVTier(kv_remote, key, BlockBytes(self.kv))
-        tiers = [t for t in (self.disk_tier, self.remote_tier) if t is not None]
-        self.lower_tiers = LowerTiers(tiers) if tiers else None
-        self.cache.set_lower_tier(self.lower_tiers)
+        tiered = host_slots or kv_disk_dir is not None or kv_remote is not None
+        codec = tier_codec(kv_tier_dtype, loaded.model, self.kv) if tiered else None
+        self.tiers = KVTiers(self.config, self.kv, self.cache, loaded.fingerprint, host_slots,
+                             kv_disk_dir, disk_size, kv_remote, codec)  # fmt: skip
         scheduler = Scheduler(
             self.cache,
             max_num_seqs,
             max_num_batched_tokens,
             enable_prefix_caching,
             SchedulingPolicy(scheduling_policy),
+            self.tiers.fetcher,
         )
-        runner = ModelRunner(loaded.model, self.kv, self.config.head_dim, self.host_tier,
-                             self.lower_tiers)  # fmt: skip
+        runner = ModelRunner(loaded.model, self.kv, self.config.head_dim, self.tiers.host,
+                             self.tiers.lower, self.tiers.block_bytes)  # fmt: skip
         eos = tuple(self.tokenizer.eos_token_ids or self.config.eos_token_ids)
         self.engine = EngineCore(
             scheduler, runner, self.tokenizer.decode, eos, self.max_model_len,
@@ -219,11 +212,23 @@ class LLM:
         """Token ids of one prompt, validated against the vocabulary and max_model_len."""
         return self._encode_one(prompt).tolist()
 
+    @property
+    def host_tier(self) -> HostKVTier | None:
+        return self.tiers.host
+
+    @property
+    def disk_tier(self) -> DiskKVTier | None:
+        return self.tiers.disk
+
+    @property
+    def remote_tier(self) -> RemoteKVTier | None:
+        return self.tiers.remote
+
     def flush_tiers(self) -> None:
         """Wait until every block handed to the disk tier is written (a no-op without one)."""
-        if self.lower_tiers is not None:
+        if self.tiers.lower is not None:
             self.engine._persist_committed()
-            self.lower_tiers.flush()
+            self.tiers.flush()
 
     def clear_disk_tier(self) -> int:
         """Delete every record of the disk tier (after its queued writes); returns how many."""
@@ -244,12 +249,7 @@ class LLM:
             request_errors=self.engine.num_request_errors,
             failed_steps=self.engine.num_failed_steps,
         )
-        if self.lower_tiers is not None:
-            stats.update(self.lower_tiers.stats())
-        if self.host_tier is not None:
-            stats.update(host_tier_bytes=self.host_tier.nbytes,
-                         host_tier_writebacks=self.host_tier.writebacks,
-                         host_tier_loads=self.host_tier.loads)  # fmt: skip
+        stats.update(self.tiers.stats())
         return stats
 
     # ------------------------------------------------------------------ internals

@@ -13,7 +13,6 @@ import torch
 
 from prefixcache import CopyOp
 from prefixcache.engine.attention_metadata import AttentionMetadata, build_attention_metadata
-from prefixcache.engine.kv_block_bytes import BlockBytes
 from prefixcache.engine.kv_cache import PagedKVCache, calibrate_kv_scales
 from prefixcache.engine.scheduler_output import SchedulerOutput
 from prefixcache.kernels import (
@@ -28,6 +27,7 @@ from prefixcache.kernels.quantization import read_stored
 
 if TYPE_CHECKING:
     from prefixcache.engine.host_kv_tier import HostKVTier
+    from prefixcache.engine.kv_block_bytes import BlockBytes
     from prefixcache.engine.lower_tiers import LowerTiers
     from prefixcache.host_tier import PersistBlock, TierCopy
 
@@ -162,14 +162,15 @@ class ModelRunner:
     """Executes ``SchedulerOutput``s; returns logits of the sequences that sample this step."""
 
     def __init__(self, model: torch.nn.Module, kv: PagedKVCache, head_dim: int,
-                 host_tier: HostKVTier | None = None,
-                 lower_tiers: LowerTiers | None = None) -> None:  # fmt: skip
+                 host_tier: HostKVTier | None = None, lower_tiers: LowerTiers | None = None,
+                 block_bytes: BlockBytes | None = None) -> None:  # fmt: skip
         """A quantized (fp8/int8) pool gets its static scales here, before any request.
-        ``host_tier`` / ``lower_tiers`` hold the bytes of the prefix cache's tiers, if any."""
+        ``host_tier`` / ``lower_tiers`` hold the bytes of the prefix cache's tiers, if any;
+        ``block_bytes`` writes the lower tiers' payloads into the pool."""
         self.model = model
         self.host_tier = host_tier
         self.lower_tiers = lower_tiers
-        self.block_bytes = BlockBytes(kv) if lower_tiers is not None else None
+        self.block_bytes = block_bytes
         self.device = model.device
         self.kv = kv
         self.scale = head_dim**-0.5

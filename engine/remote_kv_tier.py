@@ -27,6 +27,7 @@ import xxhash
 
 from prefixcache.engine.disk_kv_store import namespace_digest
 from prefixcache.engine.kv_block_bytes import BlockBytes
+from prefixcache.engine.latency_histogram import LatencyHistogram
 from prefixcache.engine.tier_writer import BlockWriter
 from prefixcache.host_tier import PersistBlock
 
@@ -51,6 +52,7 @@ class RemoteKVTier:
         self.url, self.store, self.blocks = url, store, blocks
         self.errors = self.written = self.corrupt = self.hit_blocks = 0
         self._down_until = 0.0
+        self.load_seconds = LatencyHistogram()  # each fetch
         # blocks this engine wrote or read (not written again), the newest max_known
         self._known: OrderedDict[tuple[str, int], None] = OrderedDict()
         self._max_known = max_known
@@ -88,6 +90,7 @@ class RemoteKVTier:
     def fetch(self, name: Any, handles: Sequence[Any]) -> list[bytes]:
         if not handles or not self._up():
             return []
+        start = time.perf_counter()
         values = self._call(self.client.mget, [self._key(name, h) + ":p" for h in handles])
         payloads = []
         for block_hash, value in zip(handles, values or [], strict=False):
@@ -101,6 +104,7 @@ class RemoteKVTier:
             payloads.append(payload)
             self._remember(namespace_digest(name), block_hash)
         self.hit_blocks += len(payloads)
+        self.load_seconds.observe(time.perf_counter() - start, len(payloads))
         return payloads
 
     # ------------------------------------------------------------------ writes

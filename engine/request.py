@@ -5,7 +5,9 @@ from __future__ import annotations
 import enum
 import time
 from collections.abc import Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -14,6 +16,7 @@ from prefixcache.engine.sampling_params import SamplingParams
 
 class RequestStatus(enum.Enum):
     WAITING = "waiting"
+    LOADING = "loading"  # waiting, its prefix being read from a lower KV tier
     RUNNING = "running"
     PREEMPTED = "preempted"
     FINISHED = "finished"
@@ -75,6 +78,11 @@ class Request:
         self.num_committed_blocks = 0
         self.num_cached_tokens: int | None = None
         self.num_preemptions = 0
+        # Lower-tier read ahead of admission (``Scheduler``): None until looked up, then the
+        # payloads read (chain hash -> payload; emptied once admitted); ``tier_fetch`` while
+        # the read runs.
+        self.tier_payloads: dict[int, Any] | None = None
+        self.tier_fetch: Future[dict[int, Any]] | None = None
         self.status = RequestStatus.WAITING
         self.finish_reason: str | None = None
         self.stop_reason: str | int | None = None

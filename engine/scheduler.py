@@ -8,6 +8,11 @@ next few tokens is copied, and blocks are allocated for the first chunk; (3) aft
 ran, commits newly filled blocks to the tree, so later requests — and this one, if
 preempted — hit them; a finished or preempted request's last, partly filled block is cached
 too.
+
+With a ``TierFetcher`` (a lower KV tier: disk, shared store), a waiting request whose prompt's
+next blocks the lower tier keeps is not admitted at once: its blocks are read on the fetcher's
+thread while it waits (``LOADING``) and the others are scheduled; it is admitted with them in
+hand. A step with nothing to run but loads waits for the first of them.
 """
 
 from __future__ import annotations
@@ -20,6 +25,12 @@ from prefixcache.engine.engine_options import check_bool_option, check_int_optio
 from prefixcache.engine.request import Request, RequestStatus
 from prefixcache.engine.scheduler_output import ScheduledSequence, SchedulerOutput
 from prefixcache.engine.scheduling_policy import SchedulingPolicy
+from prefixcache.engine.tier_fetcher import TierFetcher
+
+LOAD_WAIT_S = 0.05  # a step with nothing but loads to wait for waits at most this long
+
+
+WAITING_STATES = (RequestStatus.WAITING, RequestStatus.LOADING, RequestStatus.PREEMPTED)
 
 
 class Scheduler:
@@ -36,8 +47,11 @@ class Scheduler:
         max_num_batched_tokens: int,
         enable_prefix_caching: bool = True,
         policy: SchedulingPolicy | None = None,
+        fetcher: TierFetcher | None = None,
     ) -> None:
+        """``fetcher`` reads the cache's lower tier ahead of admission (module docstring)."""
         self.cache = cache
+        self.fetcher = fetcher
         self.block_size = cache.block_size
         self.max_num_seqs = check_int_option("max_num_seqs", max_num_seqs)
         self.max_num_batched_tokens = check_int_option(
@@ -66,8 +80,10 @@ class Scheduler:
             assert request.num_committed_blocks * bs <= request.num_computed_tokens or (
                 request.num_computed_tokens == 0), request
         for request in self.waiting:
-            assert request.status in (RequestStatus.WAITING, RequestStatus.PREEMPTED), request
+            assert request.status in WAITING_STATES, request
             assert not request.block_ids, request
+            assert (request.tier_fetch is not None) == (
+                request.status is RequestStatus.LOADING), request
         assert not set(map(id, self.running)) & set(map(id, self.waiting))
         queued = {id(r) for r in self.running} | {id(r) for r in self.waiting}
         assert all(id(r) in queued for r in self.isolated), self.isolated
@@ -98,17 +114,52 @@ class Scheduler:
             budget -= num_new
             index += 1
         if not out.preempted:
-            for request in self.policy.order(self.waiting, self.cache, self.step_count):
-                if budget <= 0 or len(self.running) >= self.max_num_seqs:
-                    break
-                num_new = self._admit(request, budget, out)
-                if num_new is None:
-                    self.blocked = request  # the policy's pick the pool could not hold
-                    break
-                self.waiting.remove(request)
-                self._add_scheduled(out, request, num_new)
-                budget -= num_new
+            budget = self._admit_waiting(out, budget)
+            loading = [r.tier_fetch for r in self.waiting if r.tier_fetch is not None]
+            if out.is_empty and not self.running and loading:
+                TierFetcher.wait_first(loading, LOAD_WAIT_S)  # nothing else to do meanwhile
+                self._admit_waiting(out, budget)
         return out
+
+    def _admit_waiting(self, out: SchedulerOutput, budget: int) -> int:
+        """Admit waiting requests in the policy's order within ``budget`` tokens, past those
+        still loading; returns the budget left."""
+        for request in self.policy.order(self.waiting, self.cache, self.step_count):
+            if budget <= 0 or len(self.running) >= self.max_num_seqs:
+                break
+            if self._loading(request):
+                continue
+            num_new = self._admit(request, budget, out)
+            if num_new is None:
+                self.blocked = request  # the policy's pick the pool could not hold
+                break
+            self.waiting.remove(request)
+            self._add_scheduled(out, request, num_new)
+            budget -= num_new
+        return budget
+
+    def _loading(self, request: Request) -> bool:
+        """Whether ``request`` waits for a lower-tier read: one is started the first time it
+        is considered if the lower tier keeps its prompt's next blocks."""
+        if self.fetcher is None or not self.enable_prefix_caching:
+            return False
+        if request.tier_fetch is None:
+            if request.tier_payloads is not None:
+                return False
+            lookup = self.cache.find_in_lower_tier(request.all_tokens, request.salt,
+                                                   request.num_tokens - 1)  # fmt: skip
+            if lookup is None:
+                request.tier_payloads = {}
+                return False
+            request.tier_fetch = self.fetcher.submit(lookup)
+            request.status = RequestStatus.LOADING
+            return True
+        if not request.tier_fetch.done():
+            return True
+        request.tier_payloads = request.tier_fetch.result()
+        request.tier_fetch = None
+        request.status = RequestStatus.WAITING
+        return False
 
     def _schedule_alone(self, request: Request) -> SchedulerOutput:
         """A step of ``request`` (isolated, so waiting) and nothing else, with the whole token
@@ -194,8 +245,11 @@ class Scheduler:
         num_cached = 0
         partial: int | None = None
         if self.enable_prefix_caching:
-            # blocks the host tier holds past the pool's cached path come back first
-            self.cache.promote(request.all_tokens, request.salt, request.num_tokens - 1)
+            # blocks the tiers hold past the pool's cached path come back first (the lower
+            # tier's read ahead when there is a fetcher)
+            fetched = None if self.fetcher is None else (request.tier_payloads or {})
+            self.cache.promote(request.all_tokens, request.salt, request.num_tokens - 1,
+                               fetched=fetched)  # fmt: skip
             match = self.cache.match(  # counted below, once admitted
                 request.all_tokens, request.salt, max_tokens=request.num_tokens - 1,
                 partial_block=True, count=False,
@@ -229,6 +283,8 @@ class Scheduler:
             out.copy_ops.append(CopyOp(partial, fresh[0], match.partial_tokens))
             self.cache.release([partial])
         request.block_ids = cached + fresh
+        if request.tier_payloads:
+            request.tier_payloads = {}  # in the pool now: the bytes need not stay
         if self.enable_prefix_caching and request.num_cached_tokens is None:
             # the hit rate counts each request once, at its first admission (a preempted
             # request's re-match is not a new query), and only what it uses
@@ -296,6 +352,8 @@ class Scheduler:
             self.running.remove(request)
         elif request.status is not RequestStatus.FINISHED and request in self.waiting:
             self.waiting.remove(request)
+        request.tier_fetch = None  # a read still running is left to finish, its result unused
+        request.tier_payloads = None
         self._release_blocks(request)
         if request in self.isolated:
             self.isolated.remove(request)

@@ -104,6 +104,8 @@ def bench(
         help="Bytes the embedded disk tier may hold (default 10GiB).")] = None,
     kv_remote: Annotated[str | None, typer.Option(
         help="Embedded: a KV tier shared in Redis/Valkey (redis://host:port).")] = None,
+    kv_tier_dtype: Annotated[str | None, typer.Option(
+        help="Embedded tiers' dtype: auto (exact), fp8 or int8.")] = None,
     dtype: Annotated[str | None, typer.Option(help="Embedded dtype (bf16, float32).")] = None,
     device: Annotated[str | None, typer.Option(help="Embedded device: cpu, cuda.")] = None,
     timeout: Annotated[float, typer.Option(help="Per-request timeout for --url (s).")] = 300.0,
@@ -158,7 +160,8 @@ def bench(
             resolve_device(device)  # a bad name fails here, not once per request
         llm_kwargs = _llm_kwargs(num_blocks=num_blocks, dtype=dtype, device=device,
                                  kv_host_memory=kv_host_memory, kv_disk_dir=kv_disk_dir,
-                                 kv_disk_size=kv_disk_size, kv_remote=kv_remote)  # fmt: skip
+                                 kv_disk_size=kv_disk_size, kv_remote=kv_remote,
+                                 kv_tier_dtype=kv_tier_dtype)  # fmt: skip
         options = BenchOptions(
             workload=workload,
             trace_file=trace_file,

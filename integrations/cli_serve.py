@@ -69,6 +69,20 @@ def check_kv_cache_dtype(kv_cache_dtype: str) -> None:
         )
 
 
+def check_kv_tier_dtype(kv_tier_dtype: str, kv_cache_dtype: str) -> None:
+    """ValueError unless ``kv_tier_dtype`` suits a pool of ``kv_cache_dtype`` (before the
+    model loads)."""
+    import torch
+
+    from prefixcache.engine.kv_tier_codec import tier_storage_dtype
+    from prefixcache.kernels import kv_storage_dtype
+
+    try:
+        tier_storage_dtype(kv_tier_dtype, kv_storage_dtype(kv_cache_dtype, torch.float32))
+    except ValueError as error:
+        raise ValueError(f"--kv-tier-dtype: {error}") from None
+
+
 def serve(
     model: Annotated[str, typer.Option(help="'smollm2', a Hugging Face folder or a .gguf.")]
     = "smollm2",
@@ -94,6 +108,9 @@ def serve(
     kv_remote: Annotated[str | None, typer.Option(
         help="KV tier shared with other replicas in Redis/Valkey (redis://host:port).",
         show_default=False)] = None,
+    kv_tier_dtype: Annotated[str, typer.Option(
+        help="auto (the pool's dtype, exact), fp8 or int8: the tiers store blocks quantized, "
+             "twice as many in the same bytes.")] = "auto",
     max_model_len: Annotated[int | None, typer.Option(help="Context length cap.", min=2)] = None,
     dtype: Annotated[str | None, typer.Option(help="float32, bfloat16 or float16.")] = None,
     max_num_seqs: Annotated[int, typer.Option(help="Requests decoded together.", min=1)] = 64,
@@ -127,6 +144,7 @@ def serve(
 
     try:  # what can be checked without the model, before minutes of loading
         check_kv_cache_dtype(kv_cache_dtype)
+        check_kv_tier_dtype(kv_tier_dtype, kv_cache_dtype)
         parse_memory_size("--kv-host-memory", kv_host_memory)
         parse_memory_size("--kv-disk-size", kv_disk_size)
         resolve_device(device)
@@ -139,7 +157,7 @@ def serve(
             kv_cache_memory=kv_cache_memory, max_model_len=max_model_len, dtype=dtype,
             max_num_seqs=max_num_seqs, kv_cache_dtype=kv_cache_dtype, device=device,
             kv_host_memory=kv_host_memory, kv_disk_dir=kv_disk_dir, kv_disk_size=kv_disk_size,
-            kv_remote=kv_remote,
+            kv_remote=kv_remote, kv_tier_dtype=kv_tier_dtype,
         )
     except Exception as error:  # a malformed file may trip the loader in any way
         from prefixcache.engine.model_registry import describe_load_error

@@ -7,7 +7,7 @@ still in the tree, evictable) -> free; ``free + in_use + cached == num_blocks`` 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -21,7 +21,7 @@ from prefixcache.hashing import BlockHasher, chain_block_hashes, xxh3_block_hash
 from prefixcache.host_tier import HostTierIndex, LowerTier, PersistBlock, TierCopy
 from prefixcache.radix_node import RadixNode
 from prefixcache.radix_tree import NamespaceName, PathMatch, RadixTree
-from prefixcache.tier_moves import offer_evicted
+from prefixcache.tier_moves import LowerTierLookup, find_in_lower_tier, offer_evicted
 from prefixcache.tier_moves import promote as promote_from_tier
 from prefixcache.tokens import (
     ExtraKey,
@@ -217,17 +217,37 @@ class PrefixCache:
         salt: str | None = None,
         max_tokens: int | None = None,
         extra_keys: Sequence[ExtraKey] = (),
+        fetched: Mapping[int, Any] | None = None,
     ) -> int:
         """With a host or lower tier: cache in the pool the full blocks after
         ``token_ids[:max_tokens]``'s cached path that the tiers hold (confirmed by their
         tokens), so the next ``match`` finds them; their loads are queued (``take_tier_copies``,
         ``take_disk_loads``). Returns how many blocks were promoted; 0 without a tier, when the
-        tiers hold none, or when the pool is full."""
+        tiers hold none, or when the pool is full. With ``fetched`` (chain hash -> payload,
+        fetched ahead for ``find_in_lower_tier``'s lookup) the lower tier's blocks come from it
+        and the lower tier is not read."""
         if self.host_tier is None and self.lower_tier is None:
             return 0
         tokens = as_token_array(token_ids)
         limit = _token_limit(tokens, check_max_tokens(max_tokens))
-        return promote_from_tier(self, tokens, salt, limit, canonical_extra_keys(extra_keys))
+        return promote_from_tier(self, tokens, salt, limit, canonical_extra_keys(extra_keys),
+                                 fetched)  # fmt: skip
+
+    def find_in_lower_tier(
+        self,
+        token_ids: TokenIds,
+        salt: str | None = None,
+        max_tokens: int | None = None,
+        extra_keys: Sequence[ExtraKey] = (),
+    ) -> LowerTierLookup | None:
+        """The full blocks after ``token_ids[:max_tokens]``'s cached path and the host tier's
+        blocks that the lower tier keeps, as handles to fetch ahead of ``promote(fetched=...)``;
+        None without a lower tier or when it keeps none of them. Changes nothing."""
+        if self.lower_tier is None:
+            return None
+        tokens = as_token_array(token_ids)
+        limit = _token_limit(tokens, check_max_tokens(max_tokens))
+        return find_in_lower_tier(self, tokens, salt, limit, canonical_extra_keys(extra_keys))
 
     def take_tier_copies(self) -> tuple[list[TierCopy], list[TierCopy]]:
         """The copies queued since the last call: write-backs ``(block, slot)`` (pool to tier)

@@ -10,12 +10,18 @@ the tier instead of the pool.
   (confirmed by namespace, parent hash and tokens) get fresh pool blocks, are cached in the tree
   as if computed, and a load ``TierCopy`` is queued for each; the match that follows finds them.
   The tier keeps its copy (it is inclusive), so a promoted block evicted again before its load
-  ran is not written back over good bytes.
+  ran is not written back over good bytes. Past the host tier's run, the lower tier (disk,
+  shared store) is asked the same way; its payloads are written into fresh blocks
+  (``PrefixCache.take_disk_loads``).
+* **Reading the lower tier ahead**: an engine need not read it on its step loop:
+  ``find_in_lower_tier`` says which handles to fetch, a background reader fetches them while the
+  request waits, and ``promote(fetched=...)`` then takes the payloads without touching the tier.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Hashable, Mapping
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
@@ -53,38 +59,81 @@ def offer_evicted(cache: PrefixCache, node: RadixNode, count: int) -> None:
     )  # fmt: skip
 
 
+class LowerTierLookup(NamedTuple):
+    """Full blocks past a prompt's cached path (pool, then host tier) that the lower tier
+    keeps: fetch ``handles`` (``LowerTier.fetch``), then hand ``promote`` the payloads by the
+    chain hash each answers (``hashes[i]`` for ``handles[i]``)."""
+
+    name: Hashable
+    hashes: list[int]
+    handles: list[Any]
+
+
+def find_in_lower_tier(
+    cache: PrefixCache,
+    tokens: np.ndarray,  # [num_tokens] int32
+    salt: str | None,
+    limit: int,
+    extra_keys: tuple,
+) -> LowerTierLookup | None:
+    """What of ``tokens[:limit]`` past the pool's cached path and the host tier's blocks the
+    lower tier keeps (confirmed by parent and tokens); None when it keeps none of them. Takes
+    no reference and moves nothing (the host tier's recency is refreshed)."""
+    if cache.lower_tier is None:
+        return None
+    name = cache._namespace(salt, extra_keys)
+    path = cache.tree.walk(name, tokens, limit // cache.block_size)
+    run = _next_blocks(cache, tokens, name, path.num_blocks, path.parent_hash, limit)
+    if run.lower_start == len(run.hashes):
+        return None
+    after = run.hashes[run.lower_start - 1] if run.lower_start else path.parent_hash
+    rows = [tuple(row) for row in run.blocks[run.lower_start :].tolist()]
+    hashes = run.hashes[run.lower_start :]
+    handles = cache.lower_tier.find(name, after, hashes, rows)
+    return LowerTierLookup(name, hashes[: len(handles)], handles) if handles else None
+
+
 def promote(
     cache: PrefixCache,
     tokens: np.ndarray,  # [num_tokens] int32
     salt: str | None,
     limit: int,
     extra_keys: tuple,
+    fetched: Mapping[int, Any] | None = None,
 ) -> int:
     """Cache in the pool the blocks after ``tokens``' cached path (within ``limit`` tokens)
     that the host tier and then the lower tier hold, queueing their loads; returns how many
-    blocks were promoted (0 when the tiers hold none of them or the pool cannot take them)."""
+    blocks were promoted (0 when the tiers hold none of them or the pool cannot take them).
+
+    The lower tier's payloads come from ``fetched`` (chain hash -> payload, as fetched for a
+    ``find_in_lower_tier`` lookup) when it is given: the lower tier is not read then, and the
+    run stops at the first block ``fetched`` lacks. Without it they are read now."""
     bs = cache.block_size
     name = cache._namespace(salt, extra_keys)
     # the cached path, held (so the allocation below cannot evict it) and refreshed
     match = cache.match(tokens, salt, max_tokens=limit, extra_keys=extra_keys, count=False)
     held = np.asarray(match.block_ids, dtype=np.int32)
-    start, end = len(held), limit // bs
+    start = len(held)
     parent_hash = int(cache.tree.hashes[held[-1]]) if start else cache.tree.namespace_hash(name)
-    hashes = chain_block_hashes(tokens, bs, start, end, parent_hash, cache.tree.hasher)
-    blocks = tokens[start * bs : end * bs].reshape(-1, bs)  # [end - start, bs]
-    tier = cache.host_tier
-    slots = tier.find(name, parent_hash, hashes, blocks) if tier is not None and hashes else []
-    payloads: list[bytes] = []
-    if cache.lower_tier is not None and len(slots) < len(hashes):
-        rest = len(slots)
-        after = hashes[rest - 1] if rest else parent_hash
-        rows = [tuple(row) for row in blocks[rest:].tolist()]
-        handles = cache.lower_tier.find(name, after, hashes[rest:], rows)
+    run = _next_blocks(cache, tokens, name, start, parent_hash, limit)
+    slots = run.slots
+    rest = run.hashes[run.lower_start :]
+    payloads: list[Any] = []
+    if fetched is not None:
+        for block_hash in rest:
+            if block_hash not in fetched:
+                break
+            payloads.append(fetched[block_hash])
+    elif cache.lower_tier is not None and rest:
+        after = run.hashes[run.lower_start - 1] if run.lower_start else parent_hash
+        rows = [tuple(row) for row in run.blocks[run.lower_start :].tolist()]
+        handles = cache.lower_tier.find(name, after, rest, rows)
         payloads = cache.lower_tier.fetch(name, handles) if handles else []
     count = len(slots) + len(payloads)
     if not count:
         cache.release(held)
         return 0
+    tier = cache.host_tier
     if tier is not None:
         tier.hold_for_load(slots)  # the allocation's write-backs must not reuse these slots
     try:
@@ -101,3 +150,23 @@ def promote(
     cache.tier_hit_blocks += len(slots)
     cache.lower_tier_hit_blocks += len(payloads)
     return count
+
+
+class _NextBlocks(NamedTuple):
+    hashes: list[int]  # chain hashes of the full blocks after the cached path, within the limit
+    blocks: np.ndarray  # [len(hashes), block_size] int32: their tokens
+    slots: list[int]  # host-tier slots of the first of them (the host tier's run)
+    lower_start: int  # index in ``hashes`` where the host tier's run ends
+
+
+def _next_blocks(cache: PrefixCache, tokens: np.ndarray, name: Hashable, start: int,
+                 parent_hash: int, limit: int) -> _NextBlocks:  # fmt: skip
+    """The full blocks of ``tokens[:limit]`` after the first ``start`` (the cached path, whose
+    last hash is ``parent_hash``) and the run of them the host tier holds."""
+    bs = cache.block_size
+    end = limit // bs
+    hashes = chain_block_hashes(tokens, bs, start, end, parent_hash, cache.tree.hasher)
+    blocks = tokens[start * bs : end * bs].reshape(-1, bs)  # [end - start, bs]
+    tier = cache.host_tier
+    slots = tier.find(name, parent_hash, hashes, blocks) if tier is not None and hashes else []
+    return _NextBlocks(hashes, blocks, slots, len(slots))

@@ -11,7 +11,11 @@ from collections.abc import Iterator
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+)
 from prometheus_client.registry import Collector
 
 from prefixcache.engine.outputs import RequestOutput
@@ -74,7 +78,8 @@ class _EngineStatsCollector(Collector):
     def __init__(self) -> None:
         self.snapshot: dict[str, Any] = {}
 
-    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily | HistogramMetricFamily]:
+        yield from _tier_latency_families(self.snapshot.get("tier_latency_seconds"))
         for key, suffix, help_text, kind in ENGINE_SERIES:
             if key not in self.snapshot:
                 continue
@@ -84,6 +89,23 @@ class _EngineStatsCollector(Collector):
                 yield CounterMetricFamily(name.removesuffix("_total"), help_text, value=value)
             else:
                 yield GaugeMetricFamily(name, help_text, value=value)
+
+
+def _tier_latency_families(latency: dict[str, Any] | None) -> Iterator[HistogramMetricFamily]:
+    """``prefixcache_kv_tier_{load,store}_seconds`` histograms labelled by tier, from the
+    engine's ``tier_latency_seconds`` snapshot (``KVTiers.latency``)."""
+    if not latency:
+        return
+    for op, help_text in (("load", "Time to copy or read a batch of KV blocks from a tier"),
+                          ("store", "Time to copy or write a batch of KV blocks to a tier")):
+        family = HistogramMetricFamily(f"{PREFIX}_kv_tier_{op}_seconds", help_text,
+                                       labels=["tier"])  # fmt: skip
+        for tier, ops in latency.items():
+            hist = ops[op]
+            buckets = [(str(bound) if bound == "+Inf" else repr(float(bound)), count)
+                       for bound, count in hist["buckets"]]  # fmt: skip
+            family.add_metric([tier], buckets, hist["sum"])
+        yield family
 
 
 class ServerMetrics:

@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import os
 import stat
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -38,9 +40,9 @@ def records(disk: Path) -> list[Path]:
 def record_of(files: list[Path], tokens: list[int]) -> Path:
     """The record holding the block of these tokens."""
     for path in files:
-        data = path.read_bytes()
+        data = path.read_bytes()  # magic (6 bytes), header length (4), its xxh3 (8), header
         length = int.from_bytes(data[6:10], "little")
-        if json.loads(data[10 : 10 + length])["tokens"] == tokens:
+        if json.loads(data[18 : 18 + length])["tokens"] == tokens:
             return path
     raise AssertionError(f"no record of {tokens}")
 
@@ -166,3 +168,24 @@ def test_clearing_the_disk_tier_deletes_its_records(tiny_llama_dir: Path, tmp_pa
     assert llm.clear_disk_tier() > 0
     assert not records(disk) and llm.stats()["disk_tier_records"] == 0
     assert engine(tiny_llama_dir, disk).stats()["disk_tier_records"] == 0
+
+
+def test_a_process_that_exits_with_writes_queued_writes_them(
+    tiny_llama_dir: Path, tmp_path: Path
+) -> None:
+    """No flush before exit: the queued blocks are still written, and the exit is clean (a
+    writer thread inside a torch call at the interpreter's teardown aborted the process)."""
+    disk = tmp_path / "kv"
+    script = (
+        "import sys\n"
+        "from prefixcache.engine.llm import LLM\n"
+        "from prefixcache.engine.sampling_params import SamplingParams\n"
+        f"llm = LLM({str(tiny_llama_dir)!r}, dtype='float32', num_blocks=256, block_size=4,\n"
+        f"          kv_disk_dir={str(disk)!r})\n"
+        f"for doc in {DOCS!r}:\n"
+        "    llm.generate([doc * 4], SamplingParams(max_tokens=1, temperature=0.0))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=120)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert len(records(disk)) == 3 * (4 * 64 // 4)

@@ -80,6 +80,8 @@ def _one_line(output: str) -> str:
         (["--log-level", "nope"], "'nope' is not one of"),
         (["--host", "999.1.1.1"], "--host '999.1.1.1' does not resolve"),
         (["--kv-cache-dtype", "fp4"], "unknown --kv-cache-dtype 'fp4'"),
+        (["--kv-tier-dtype", "fp16"], "unknown kv_tier_dtype 'fp16'"),
+        (["--kv-cache-dtype", "fp8", "--kv-tier-dtype", "int8"], "needs a float KV pool"),
     ],
 )
 def test_serve_checks_options_before_loading_the_model(

@@ -82,6 +82,11 @@ def test_sigkill_mid_write_then_restart(tiny_chat_dir: Path, tmp_path: Path) -> 
     dropped = counter_value(metrics, "prefixcache_disk_tier_dropped_records_total ")
     assert dropped == stats["disk_tier_dropped_records"]
     assert counter_value(metrics, "prefixcache_disk_tier_hits_tokens_total ") > 0
+    disk = stats["tier_latency_seconds"]["disk"]
+    assert disk["load"]["count"] >= 1 and disk["load"]["sum"] > 0
+    assert disk["load"]["blocks"] * 4 >= stats["disk_tier_hit_tokens"]
+    loads = counter_value(metrics, 'prefixcache_kv_tier_load_seconds_count{tier="disk"} ')
+    assert loads == disk["load"]["count"]
 
 
 def _quietly(base: str, prompt: str) -> None:

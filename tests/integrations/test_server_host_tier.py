@@ -53,6 +53,16 @@ def test_an_evicted_prompt_is_served_from_the_tier(tiny_chat_dir: Path) -> None:
     assert counter_value(metrics, "prefixcache_host_tier_capacity_blocks ") == stats[
         "host_tier_slots"
     ]
+    # latency histograms of the copies, in /v1/cache/stats and /metrics alike
+    host = stats["tier_latency_seconds"]["host"]
+    assert host["load"]["count"] >= 1 and host["store"]["count"] >= 1
+    assert host["load"]["blocks"] * 4 == stats["host_tier_hit_tokens"]
+    assert host["store"]["blocks"] == stats["host_tier_writebacks"]
+    loads = counter_value(metrics, 'prefixcache_kv_tier_load_seconds_count{tier="host"} ')
+    assert loads == host["load"]["count"]
+    inf = 'prefixcache_kv_tier_store_seconds_bucket{le="+Inf",tier="host"} '
+    every = counter_value(metrics, inf)
+    assert every == host["store"]["count"]
 
 
 def test_reset_empties_the_tier_unless_told_to_keep_it(tiny_chat_dir: Path) -> None:
