@@ -456,7 +456,8 @@ INLINE void block_step(const int R, const int PF, int D, float c, const block_ar
     else if (groups == 2) qk_loop(R, PF, 2, D, a, sc, acc);
     else qk_loop(R, PF, 1, D, a, sc, acc);
     __m512 vmax[RB];
-    __mmask16 over = 0;
+    __mmask16 over = 0;  /* any row's */
+    int row_over[RB];    /* each row's own: whether its scores passed its threshold */
 #pragma GCC unroll 8
     for (int r = 0; r < R; r++) {
         if (a->masked) {
@@ -473,14 +474,24 @@ INLINE void block_step(const int R, const int PF, int D, float c, const block_ar
         }
         vmax[r] = _mm512_max_ps(_mm512_max_ps(acc[r][0], acc[r][1]),
                                 _mm512_max_ps(acc[r][2], acc[r][3]));
-        over |= _mm512_cmp_ps_mask(vmax[r], st[r].mthr, _CMP_GT_OQ);
+        const __mmask16 mine = _mm512_cmp_ps_mask(vmax[r], st[r].mthr, _CMP_GT_OQ);
+        row_over[r] = mine != 0;
+        over |= mine;
     }
     const __m512 cv = _mm512_set1_ps(c);
     __m512 alpha[RB];
-    if (over) { /* raise the reference max of every row to its true running max */
+    if (over) {
+        /* raise the reference max of each row whose scores passed its threshold to its true
+         * running max; the others keep theirs (alpha exactly 1). A row's max, so the bf16
+         * rounding of its probabilities, depends on its own scores alone, never on which rows
+         * share its tile: a token's result is the same however its prompt was chunked. */
         const __m512 thr = _mm512_set1_ps(LAZY_MAX / c);
 #pragma GCC unroll 8
         for (int r = 0; r < R; r++) {
+            if (!row_over[r]) {
+                alpha[r] = _mm512_set1_ps(1.0f);
+                continue;
+            }
             const __m512 mnew = _mm512_max_ps(st[r].m, hmax_bcast(vmax[r]));
             alpha[r] = exp2_ps(_mm512_mul_ps(_mm512_sub_ps(st[r].m, mnew), cv));
             st[r].l = _mm512_mul_ps(st[r].l, alpha[r]);

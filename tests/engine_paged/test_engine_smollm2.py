@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 from prefixcache.engine.llm import LLM
 from prefixcache.engine.sampling_params import SamplingParams
@@ -47,3 +48,27 @@ def test_cached_prefill_equals_full_prefill_logits(smollm2: LLM) -> None:
     warm = smollm2.generate([prompt], params)[0]
     assert warm.num_cached_tokens >= (len(prompt) - 5) // 16 * 16
     assert warm.token_ids == cold[0].token_ids
+
+
+def test_a_partial_block_hit_before_a_long_chunk_equals_uncached(smollm2: LLM) -> None:
+    """A hit that ends inside a block (an odd number of tokens into it), then 33 new tokens:
+    the first token's logits are bitwise the uncached ones. The compiled attention once let a
+    row's tile neighbours move its softmax rounding: 0.4-0.75 apart in a logit here."""
+    from step_logits import record_step_logits
+
+    recorded = record_step_logits(smollm2)
+    first = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
+    base = [(37 * i) % 20000 + 100 for i in range(64)]
+    prompt = base[:35] + [(53 * i) % 20000 + 200 for i in range(33)]
+    scheduler = smollm2.engine.scheduler
+    smollm2.cache.reset()
+    scheduler.enable_prefix_caching = False
+    try:
+        smollm2.generate([prompt], first)
+    finally:
+        scheduler.enable_prefix_caching = True
+    cold = recorded[-1]
+    smollm2.generate([base], first)
+    warm = smollm2.generate([prompt], first)[0]
+    assert warm.num_cached_tokens == 35  # two full blocks and 3 tokens of the third
+    assert torch.equal(recorded[-1], cold)

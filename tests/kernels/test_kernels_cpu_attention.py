@@ -171,6 +171,49 @@ def test_prefill_short_chunks_packed_per_item(threads: int) -> None:
     check_prefill([30, 17, 0, 50], [2, 1, 2, 1], 3, 64, 16)
 
 
+def attend_in_two_chunks(total: int, cached: int, seed: int) -> tuple[torch.Tensor, ...]:
+    """SmolLM2's heads (9 / 3, dim 64): a sequence's last ``total - cached`` outputs computed
+    with every token new, and with the first ``cached`` tokens' K/V in the pool (a prefix
+    hit). Query scales spread over two orders of magnitude and keys growing along the
+    sequence, so rows see their running max rise at different key blocks."""
+    heads, kv_heads, dim, bs = 9, 3, 64, 16
+    g = torch.Generator().manual_seed(seed)
+    spread = torch.logspace(-1, 1, total)[torch.randperm(total, generator=g)]
+    q = (torch.randn(total, heads, dim, generator=g) * spread[:, None, None]).bfloat16()
+    growth = torch.linspace(0.2, 3.0, total)[:, None, None]
+    k = (torch.randn(total, kv_heads, dim, generator=g) * growth).bfloat16()
+    v = torch.randn(total, kv_heads, dim, generator=g).bfloat16()
+    blocks = total // bs + 2
+    k_cache = torch.zeros(blocks, bs, kv_heads, dim, dtype=torch.bfloat16)
+    v_cache = torch.zeros_like(k_cache)
+    table = torch.arange(blocks, dtype=torch.int32)[None]
+
+    def attend(start: int) -> torch.Tensor:
+        return paged_prefill_attention_cpu(
+            q[start:].contiguous(), k[start:].contiguous(), v[start:].contiguous(), k_cache,
+            v_cache, table, torch.tensor([0, total - start], dtype=torch.int32),
+            torch.tensor([start], dtype=torch.int32), dim**-0.5,
+        )  # fmt: skip
+
+    everything = attend(0)
+    k_cache.view(-1, kv_heads, dim)[:cached] = k[:cached]
+    v_cache.view(-1, kv_heads, dim)[:cached] = v[:cached]
+    return everything[cached:], attend(cached)
+
+
+@pytest.mark.parametrize("cached", [1, 7, 35, 99])
+@pytest.mark.parametrize("new", [3, 33, 150])
+def test_prefill_token_results_do_not_depend_on_chunking(cached: int, new: int,
+                                                         threads: int) -> None:  # fmt: skip
+    """Bitwise: a token's output is the same whether its prompt ran in one chunk or after a
+    cached prefix (which rows share its register tile changes). A tile once raised every
+    row's softmax reference max when one row's scores passed its threshold: the rounding of a
+    row's probabilities depended on its neighbours, and a cached answer on 2 cores differed
+    from the uncached one by 0.75 in a logit of SmolLM2."""
+    whole, after_hit = attend_in_two_chunks(cached + new, cached, seed=cached * 1000 + new)
+    assert torch.equal(whole, after_hit)
+
+
 @pytest.mark.parametrize("head_dim", [32, 96])
 def test_prefill_head_dim_not_multiple_of_64(head_dim: int) -> None:
     check_prefill([0, 40], [45, 30], 3, head_dim, 16)
