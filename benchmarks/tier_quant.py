@@ -37,19 +37,22 @@ def agreement(args: argparse.Namespace) -> dict[str, Any]:
     reference = LLM(enable_prefix_caching=False, num_blocks=256, block_size=BLOCK)
     questions = QUESTIONS[: args.questions]
     prompts = [reference.encode(prompt_of(q)) for q in questions]
-    expected = [out.token_ids for out in reference.generate(prompts, answer)]
+    # one at a time, as the tiered engines run them: a batch's rows decode beside each other
+    # (another split of the work), which may move a bf16 result by an ulp
+    expected = [reference.generate([prompt], answer)[0].token_ids for prompt in prompts]
     document = reference.encode(FIXED_TEXT)
-    filler = [(7 * i) % 30000 + 100 for i in range(len(document) + 64)]
+    fillers = [[(7 * i + 131 * q) % 30000 + 100 for i in range(len(document) + 64)]
+               for q in range(len(questions))]  # a new one each time: never a hit
     del reference
     results: dict[str, Any] = {}
     for tier_dtype in TIER_DTYPES:
-        # a pool for one prompt: the filler pushes the document out into the tier every time
-        pool = -(-len(filler) // BLOCK) + 8
+        # a pool for one prompt: the filler pushes the whole document out into the tier
+        pool = -(-(len(fillers[0]) + 1) // BLOCK)
         llm = LLM(num_blocks=pool, block_size=BLOCK, kv_host_memory="1GiB",
                   kv_tier_dtype=tier_dtype)  # fmt: skip
         llm.generate([document], SamplingParams(max_tokens=1, temperature=0.0))
         same, prefix_share, ttfts = 0, [], []
-        for prompt, want in zip(prompts, expected, strict=True):
+        for prompt, want, filler in zip(prompts, expected, fillers, strict=True):
             llm.generate([filler], SamplingParams(max_tokens=1, temperature=0.0))
             assert llm.cache.lookup(document) == 0, "the document stayed in the pool"
             hits = llm.stats()["host_tier_hit_tokens"]

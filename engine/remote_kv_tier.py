@@ -87,7 +87,7 @@ class RemoteKVTier:
             previous = block_hash
         return found
 
-    def fetch(self, name: Any, handles: Sequence[Any]) -> list[bytes]:
+    def fetch(self, name: Any, handles: Sequence[Any]) -> list[memoryview]:
         if not handles or not self._up():
             return []
         start = time.perf_counter()
@@ -97,7 +97,7 @@ class RemoteKVTier:
             size = self.blocks.record_bytes
             if value is None or len(value) != size + _CHECK.size:
                 break
-            payload, check = value[:size], _CHECK.unpack(value[size:])[0]
+            payload, check = memoryview(value)[:size], _CHECK.unpack(value[size:])[0]
             if xxhash.xxh3_64_intdigest(payload) != check:
                 self.corrupt += 1
                 break
