@@ -126,6 +126,7 @@ class RemoteKVTier:
             "remote_tier_hit_tokens": self.hit_blocks * self.blocks.kv.block_size,
             "remote_tier_written": self.written, "remote_tier_errors": self.errors,
             "remote_tier_dropped_writes": self.writer.dropped_writes,
+            "remote_tier_queued_bytes": self.writer.queued_bytes,
             "remote_tier_corrupt": self.corrupt,
         }  # fmt: skip
 

@@ -69,6 +69,13 @@ ENGINE_SERIES: tuple[tuple[str, str, str, str], ...] = (
      "KV blocks written to the shared store", "counter"),
     ("remote_tier_errors", "remote_tier_errors_total",
      "Shared-store calls that failed or timed out (their blocks read as misses)", "counter"),
+    ("remote_tier_dropped_writes", "remote_tier_dropped_writes_total",
+     "KV blocks not written to the shared store (write queue full, or the store down)",
+     "counter"),
+    ("remote_tier_queued_bytes", "remote_tier_write_queue_bytes",
+     "Bytes waiting to be written to the shared store", "gauge"),
+    ("remote_tier_corrupt", "remote_tier_corrupt_total",
+     "Shared-store values that failed their checksum (read as misses)", "counter"),
 )
 
 
