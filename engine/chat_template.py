@@ -3,6 +3,10 @@
 Mirrors transformers' `apply_chat_template` environment: sandboxed, `trim_blocks` and
 `lstrip_blocks`, loop controls, `raise_exception`, `strftime_now`, a `tojson` filter that keeps
 non-ASCII text, and the no-op `{% generation %}` block some templates use.
+
+A template that never reads `tools` (SmolLM2-135M's) still takes tools, assistant tool calls
+and tool results: they are written into its messages in the Hermes format
+(`prefixcache.engine.tool_prompt.with_tool_turns`), which the `hermes` parser reads back.
 """
 
 from __future__ import annotations
@@ -13,9 +17,11 @@ from datetime import datetime
 from typing import Any
 
 import jinja2
-from jinja2 import nodes
+from jinja2 import meta, nodes
 from jinja2.ext import Extension, loopcontrols
 from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+from prefixcache.engine.tool_prompt import with_tool_turns
 
 
 class ChatTemplateError(ValueError):
@@ -88,18 +94,26 @@ class ChatTemplate:
         self.source = source
         self.bos_token = bos_token
         self.eos_token = eos_token
+        environment = _environment()
         try:
-            self._template = _environment().from_string(source)
+            self._template = environment.from_string(source)
+            variables = meta.find_undeclared_variables(environment.parse(source))
         except jinja2.exceptions.TemplateSyntaxError as error:
             raise ChatTemplateError(f"chat template does not compile: {error}") from error
+        self.uses_tools = "tools" in variables
 
     def render(self, messages: Sequence[Mapping[str, Any]], *, add_generation_prompt: bool = True,
                tools: Sequence[Mapping[str, Any]] | None = None, **extra: Any) -> str:
         """Prompt text for `messages` (dicts with "role" and "content").
 
         `add_generation_prompt` appends the header of the assistant's turn. Extra keyword
-        arguments are passed to the template (e.g. `documents`, `enable_thinking`).
+        arguments are passed to the template (e.g. `documents`, `enable_thinking`). `tools`
+        (OpenAI's list) go to a template that reads them, else into the messages (module
+        docstring); ValueError for a tool that is not a function.
         """
+        if not self.uses_tools:
+            messages = with_tool_turns(messages, tools)
+            tools = None
         prepared = []
         for index, message in enumerate(messages):
             if not isinstance(message, Mapping) or "role" not in message:

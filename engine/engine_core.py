@@ -36,6 +36,7 @@ from prefixcache.engine.sampling_params import SamplingParams
 from prefixcache.engine.scheduler import Scheduler
 from prefixcache.engine.scheduler_output import SchedulerOutput
 from prefixcache.engine.stop_checker import SequenceText, check_stop, stop_string_holdback
+from prefixcache.engine.structured_output import GrammarCompiler
 
 logger = logging.getLogger(__name__)
 
@@ -51,10 +52,12 @@ class EngineCore:
         eos_token_ids: tuple[int, ...],
         max_model_len: int,
         prefix_stable_decode: bool = False,
+        grammars: GrammarCompiler | None = None,
     ) -> None:
         """``prefix_stable_decode``: ``decode`` is byte-level (``Tokenizer.decode_concatenates``),
         so a request's text is kept up to date by decoding only its new tokens
-        (``SequenceText``)."""
+        (``SequenceText``). ``grammars`` compiles requests' structured outputs."""
+        self.grammars = grammars
         self.scheduler = scheduler
         self.runner = runner
         self.cache: PrefixCache = scheduler.cache
@@ -82,6 +85,10 @@ class EngineCore:
             raise ValueError(f"request id {request_id!r} is already in use")
         group = RequestGroup(request_id, prompt, params)
         request = Request(request_id, prompt_token_ids, params, salt, arrival_time)
+        if params.structured is not None:
+            if self.grammars is None:
+                raise ValueError("this engine has no grammar compiler for structured outputs")
+            request.matcher = self.grammars.matcher(params.structured)
         group.samples.append(
             Sample(request, self._new_text(), make_generator(params.seed))
         )
@@ -248,6 +255,8 @@ class EngineCore:
             index,
         )
         child.metrics.first_scheduled_time = parent.metrics.first_scheduled_time
+        if parent.matcher is not None:  # forked before the parent's first token: at its start
+            child.matcher = parent.matcher.deep_copy()
         self.scheduler.fork(parent, child)
         child_sample = Sample(child, self._new_text(), make_generator(group.params.seed, index))
         group.samples.append(child_sample)
@@ -260,7 +269,15 @@ class EngineCore:
         if request.metrics.first_token_time is None:
             request.metrics.first_token_time = now
         request.metrics.last_token_time = now
+        matcher = request.matcher
+        if matcher is not None and not matcher.consume_token(token):
+            logger.warning("request %s: its structured output cannot take token %d: %s",
+                           request.request_id, token, matcher.get_error())  # fmt: skip
         reason = check_stop(request, sample.text, self.eos_token_ids, self.max_model_len)
+        if reason is None and matcher is not None and (matcher.is_stopped()
+                                                       or matcher.is_error()):  # fmt: skip
+            reason = "stop"  # the grammar is complete (or cannot go on): nothing may follow
+            sample.text.update(request)
         if reason is not None:
             request.metrics.finished_time = now
             self.scheduler.finish(request, reason)

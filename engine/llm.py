@@ -35,6 +35,7 @@ from prefixcache.engine.remote_kv_tier import RemoteKVTier
 from prefixcache.engine.sampling_params import SamplingParams
 from prefixcache.engine.scheduler import Scheduler
 from prefixcache.engine.scheduling_policy import SchedulingPolicy
+from prefixcache.engine.structured_output import GrammarCompiler
 from prefixcache.kernels import kv_storage_dtype
 from prefixcache.tokens import check_salt
 
@@ -157,9 +158,11 @@ class LLM:
         runner = ModelRunner(loaded.model, self.kv, self.config.head_dim, self.tiers.host,
                              self.tiers.lower, self.tiers.block_bytes)  # fmt: skip
         eos = tuple(self.tokenizer.eos_token_ids or self.config.eos_token_ids)
+        self.grammars = GrammarCompiler(self.tokenizer.backend.to_str(), self.config.vocab_size,
+                                        eos)  # fmt: skip
         self.engine = EngineCore(
             scheduler, runner, self.tokenizer.decode, eos, self.max_model_len,
-            prefix_stable_decode=self.tokenizer.decode_concatenates,
+            prefix_stable_decode=self.tokenizer.decode_concatenates, grammars=self.grammars,
         )
         self._ids = itertools.count()
 
@@ -271,6 +274,8 @@ class LLM:
         check_salt(salt)
         if not isinstance(params, SamplingParams):
             raise TypeError(f"params must be SamplingParams, got {type(params).__name__}")
+        if params.structured is not None:
+            self.grammars.check(params.structured)  # StructuredOutputError (a ValueError)
         vocab = self.config.vocab_size
         outside = [token for token in params.logit_bias if token >= vocab]
         if outside:

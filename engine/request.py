@@ -83,6 +83,8 @@ class Request:
         # the read runs.
         self.tier_payloads: dict[int, Any] | None = None
         self.tier_fetch: Future[dict[int, Any]] | None = None
+        # the structured output's llguidance matcher (``StructuredOutput``), set by the engine
+        self.matcher: Any = None
         self.status = RequestStatus.WAITING
         self.finish_reason: str | None = None
         self.stop_reason: str | int | None = None

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from prefixcache.engine.structured_output import StructuredOutput
+
 SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1  # the seeds a torch.Generator takes
 # Temperatures below this are greedy (vLLM's rule): dividing logits by them would only
 # overflow, and the distribution they describe is the argmax to within float precision.
@@ -33,6 +35,10 @@ class SamplingParams:
     output, and once for its presence; ``min_p`` (in [0, 1]) drops, after temperature, the
     tokens less likely than ``min_p`` times the likeliest. A greedy request with any of them
     takes the argmax of the processed logits.
+
+    ``structured`` constrains the output to a JSON Schema, a regex, a choice or a grammar
+    (``StructuredOutput``): tokens the grammar does not allow next are masked before sampling,
+    and the request stops once the grammar is complete.
     """
 
     max_tokens: int = 16
@@ -51,6 +57,7 @@ class SamplingParams:
     logit_bias: dict[int, float] = field(default_factory=dict)
     min_tokens: int = 0
     min_p: float = 0.0
+    structured: StructuredOutput | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -95,13 +102,17 @@ class SamplingParams:
         for token, bias in self.logit_bias.items():
             _check_int("logit_bias key", token, minimum=0)
             _check_number(f"logit_bias[{token}]", bias, -100.0, 100.0)
+        if self.structured is not None and not isinstance(self.structured, StructuredOutput):
+            raise TypeError(f"structured must be a StructuredOutput, got "
+                            f"{type(self.structured).__name__}")  # fmt: skip
 
     @property
     def modifies_logits(self) -> bool:
-        """Whether a logit processor or ``min_p`` applies (the engine then computes this
-        request's full logits, even when it is greedy)."""
+        """Whether a logit processor, ``min_p`` or a structured output applies (the engine
+        then computes this request's full logits, even when it is greedy)."""
         return bool(self.logit_bias or self.min_tokens or self.presence_penalty
-                    or self.frequency_penalty or self.repetition_penalty != 1.0 or self.min_p)
+                    or self.frequency_penalty or self.repetition_penalty != 1.0 or self.min_p
+                    or self.structured is not None)
 
     @property
     def greedy(self) -> bool:

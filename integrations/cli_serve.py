@@ -83,6 +83,14 @@ def check_kv_tier_dtype(kv_tier_dtype: str, kv_cache_dtype: str) -> None:
         raise ValueError(f"--kv-tier-dtype: {error}") from None
 
 
+def check_tool_call_parser(name: str) -> None:
+    from prefixcache.engine.tool_calls import TOOL_CALL_PARSERS
+
+    if name != "auto" and name not in TOOL_CALL_PARSERS:
+        raise ValueError(f"unknown --tool-call-parser {name!r}; choose from auto, "
+                         f"{', '.join(TOOL_CALL_PARSERS)}")  # fmt: skip
+
+
 def serve(
     model: Annotated[str, typer.Option(help="'smollm2', a Hugging Face folder or a .gguf.")]
     = "smollm2",
@@ -111,6 +119,10 @@ def serve(
     kv_tier_dtype: Annotated[str, typer.Option(
         help="auto (the pool's dtype, exact), fp8 or int8: the tiers store blocks quantized, "
              "twice as many in the same bytes.")] = "auto",
+    tool_call_parser: Annotated[str, typer.Option(
+        help="The format the model writes tool calls in: auto (what its chat template shows; "
+             "hermes for a template without tools), hermes, llama3_json, mistral or "
+             "pythonic.")] = "auto",
     max_model_len: Annotated[int | None, typer.Option(help="Context length cap.", min=2)] = None,
     dtype: Annotated[str | None, typer.Option(help="float32, bfloat16 or float16.")] = None,
     max_num_seqs: Annotated[int, typer.Option(help="Requests decoded together.", min=1)] = 64,
@@ -145,6 +157,7 @@ def serve(
     try:  # what can be checked without the model, before minutes of loading
         check_kv_cache_dtype(kv_cache_dtype)
         check_kv_tier_dtype(kv_tier_dtype, kv_cache_dtype)
+        check_tool_call_parser(tool_call_parser)
         parse_memory_size("--kv-host-memory", kv_host_memory)
         parse_memory_size("--kv-disk-size", kv_disk_size)
         resolve_device(device)
@@ -168,7 +181,8 @@ def serve(
         app = build_app(engine, model_name=served_model_name or model, api_key=api_key,
                         max_pending=max_pending, max_body_bytes=max_body_bytes,
                         max_prompts=max_prompts_per_request,
-                        max_prompt_tokens=max_prompt_tokens_per_request)
+                        max_prompt_tokens=max_prompt_tokens_per_request,
+                        tool_call_parser=tool_call_parser)
         freeze_startup_heap()
         config = uvicorn.Config(app, host=host, port=port, log_level=log_level.value,
                                 lifespan="off")

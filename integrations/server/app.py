@@ -13,6 +13,7 @@ from starlette.middleware.base import BaseHTTPMiddleware, RequestResponseEndpoin
 from starlette.responses import Response
 
 from prefixcache.engine.async_llm import AsyncLLM
+from prefixcache.engine.tool_calls import TOOL_CALL_PARSERS, parser_for_template
 from prefixcache.integrations.server import routes_cache, routes_info, routes_openai
 from prefixcache.integrations.server.admission import Admission
 from prefixcache.integrations.server.body_limit import BodyLimitMiddleware
@@ -55,13 +56,24 @@ def build_app(
     max_body_bytes: int | None = None,
     max_prompts: int | None = None,
     max_prompt_tokens: int | None = None,
+    tool_call_parser: str = "auto",
 ) -> FastAPI:
     """An app serving ``engine`` under ``model_name`` (default: the engine's model name).
+
+    ``tool_call_parser``: the format the model writes tool calls in (``TOOL_CALL_PARSERS``),
+    or "auto": the one its chat template shows (hermes when it shows none: the fallback
+    template's). ValueError for another name.
 
     ``max_pending``: requests in flight before new ones get 429. ``max_n``: the largest ``n``.
     ``max_prompts``, ``max_prompt_tokens``, ``max_body_bytes``: one request's limits (None:
     the defaults of ``RequestLimits.for_model`` for the engine's context length).
     """
+    template = engine.llm.chat_template
+    if tool_call_parser == "auto":
+        tool_call_parser = parser_for_template(template.source if template else None)
+    elif tool_call_parser not in TOOL_CALL_PARSERS:
+        raise ValueError(f"unknown tool call parser {tool_call_parser!r}; choose from auto, "
+                         f"{', '.join(TOOL_CALL_PARSERS)}")  # fmt: skip
     limits = RequestLimits.for_model(
         engine.llm.max_model_len, max_prompts=max_prompts, max_prompt_tokens=max_prompt_tokens,
         max_body_bytes=max_body_bytes)
@@ -75,6 +87,7 @@ def build_app(
         admission=Admission(max_pending, on_reject=metrics.rejected.inc),
         metrics=metrics,
         limits=limits,
+        tool_call_parser=tool_call_parser,
     )
     install_error_handlers(app)
     for module in (routes_openai, routes_info, routes_cache):

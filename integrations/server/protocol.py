@@ -12,7 +12,14 @@ import time
 import uuid
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, with_config
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    model_serializer,
+    with_config,
+)
 from typing_extensions import NotRequired, TypedDict
 
 MAX_CACHE_SALT_LENGTH = 256
@@ -79,6 +86,8 @@ class SamplingFields(StrictRequest):
     stream_options: StreamOptions | None = None
     ignore_eos: bool = False
     cache_salt: str | None = Field(default=None, max_length=MAX_CACHE_SALT_LENGTH, min_length=1)
+    # vLLM's: exactly one of json (a JSON Schema), json_object, regex, choice, grammar (Lark)
+    structured_outputs: dict[str, Any] | None = None
 
 
 class CompletionRequest(SamplingFields):
@@ -110,10 +119,25 @@ Messages = Annotated[list[ChatMessage], Field(min_length=1)]
 """Chat messages: at least one, wherever a route takes them."""
 
 
+class NamedFunction(StrictRequest):
+    name: str
+
+
+class NamedToolChoice(StrictRequest):
+    """``tool_choice`` naming the function the reply must call."""
+
+    type: Literal["function"]
+    function: NamedFunction
+
+
 class ChatCompletionRequest(SamplingFields):
     messages: Messages
     max_completion_tokens: Annotated[Int64, checked(minimum=1)] | None = None
     tools: list[dict[str, Any]] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool = True
+    # {"type": "text" | "json_object"} or {"type": "json_schema", "json_schema": {"schema": ...}}
+    response_format: dict[str, Any] | None = None
 
 
 ONE_OF_PROMPT_OR_MESSAGES = ConfigDict(
@@ -187,9 +211,21 @@ class CompletionResponse(BaseModel):
     usage: Usage | None = None
 
 
+class FunctionCall(BaseModel):
+    name: str
+    arguments: str  # the JSON text of the arguments object
+
+
+class ToolCall(BaseModel):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class AssistantMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
     content: str | None = None
+    tool_calls: list[ToolCall] | None = None
 
 
 class ChatChoice(BaseModel):
@@ -208,9 +244,34 @@ class ChatCompletionResponse(BaseModel):
     usage: Usage | None = None
 
 
+class _OmitsNone(BaseModel):
+    """A delta that leaves out what it does not carry, as OpenAI streams them: clients merge
+    deltas key by key, and a ``null`` would overwrite what an earlier delta set."""
+
+    @model_serializer(mode="wrap")
+    def _without_none(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        return {key: value for key, value in handler(self).items() if value is not None}
+
+
+class FunctionCallDelta(_OmitsNone):
+    name: str | None = None
+    arguments: str | None = None
+
+
+class ToolCallDelta(_OmitsNone):
+    """A streamed call: its first delta carries ``id``, ``type`` and the name, later ones
+    more of the arguments' text (clients join them by ``index``)."""
+
+    index: int
+    id: str | None = None
+    type: Literal["function"] | None = None
+    function: FunctionCallDelta
+
+
 class ChatDelta(BaseModel):
     role: str | None = None
     content: str | None = None
+    tool_calls: list[ToolCallDelta] | None = None
 
 
 class ChatChunkChoice(BaseModel):

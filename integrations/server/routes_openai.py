@@ -13,6 +13,8 @@ from pydantic import BaseModel
 
 from prefixcache.engine.outputs import CompletionOutput, RequestOutput
 from prefixcache.engine.sampling_params import SamplingParams
+from prefixcache.engine.structured_output import StructuredOutput
+from prefixcache.engine.tool_prompt import tool_functions
 from prefixcache.integrations.server import protocol as p
 from prefixcache.integrations.server.admission import Ticket
 from prefixcache.integrations.server.engine_calls import (
@@ -21,7 +23,7 @@ from prefixcache.integrations.server.engine_calls import (
     merged_snapshots,
     unless_disconnected,
 )
-from prefixcache.integrations.server.errors import ApiError, error_responses
+from prefixcache.integrations.server.errors import ApiError, bad_request, error_responses
 from prefixcache.integrations.server.openapi_contract import sse_events
 from prefixcache.integrations.server.prompt_encoding import (
     encode_prompt,
@@ -30,6 +32,12 @@ from prefixcache.integrations.server.prompt_encoding import (
 )
 from prefixcache.integrations.server.sampling import check_fits, sampling_params
 from prefixcache.integrations.server.state import ServerState, State, resolve_salt
+from prefixcache.integrations.server.structured_request import requested_structure
+from prefixcache.integrations.server.tool_replies import (
+    TOOL_CALLS_FINISH,
+    ToolCallStream,
+    reply_message,
+)
 from prefixcache.integrations.server.unsupported import refuse_unsupported
 
 router = APIRouter()
@@ -88,11 +96,12 @@ class _Prepared:
 
 def _prepare(state: ServerState, request: Request, body: p.SamplingFields,
              prompts: list[list[int]], max_tokens: int | None,
-             default_max_tokens: int | None, max_tokens_param: str = "max_tokens") -> _Prepared:
+             default_max_tokens: int | None, max_tokens_param: str = "max_tokens",
+             structured: StructuredOutput | None = None) -> _Prepared:
     state.check_model(body.model)
     salt = resolve_salt(request, body.cache_salt)
     params = sampling_params(state, body, [len(t) for t in prompts], max_tokens,
-                             default_max_tokens, max_tokens_param)
+                             default_max_tokens, max_tokens_param, structured)
     for token_ids in prompts:
         check_fits(state, token_ids, params, salt, max_tokens_param)
     check_engine_running(state)
@@ -124,11 +133,12 @@ class _ChoiceProgress:
 
 
 def _stream(prepared: _Prepared, include_usage: bool,
-            choice_chunk: Callable[[int, str, str | None, bool], BaseModel],
+            choice_chunks: Callable[[int, str, str | None, bool], list[BaseModel]],
             usage_chunk: Callable[[p.Usage], BaseModel]) -> StreamingResponse:
-    """SSE of text deltas per choice, an optional usage chunk, then ``data: [DONE]``.
+    """SSE of the chunks ``choice_chunks`` makes of each choice's text deltas, an optional
+    usage chunk, then ``data: [DONE]``.
 
-    Each choice gets a first chunk, one per text delta, and exactly one chunk carrying its
+    Each choice gets a first chunk, chunks for its deltas, and exactly one chunk carrying its
     ``finish_reason`` (its last), however long the other choices go on. The client leaving
     closes this generator, which aborts the requests and frees their blocks; the admission
     ticket is released either way."""
@@ -143,9 +153,10 @@ def _stream(prepared: _Prepared, include_usage: bool,
             ):
                 for completion in output.outputs:
                     index = prompt_index * n + completion.index
-                    chunk = progress.next_chunk(index, completion)
-                    if chunk is not None:
-                        yield _sse(choice_chunk(index, *chunk))
+                    step = progress.next_chunk(index, completion)
+                    if step is not None:
+                        for chunk in choice_chunks(index, *step):
+                            yield _sse(chunk)
                 if output.finished:
                     finished[prompt_index] = output
             if include_usage:
@@ -179,17 +190,18 @@ async def create_completion(
 ) -> p.CompletionResponse | StreamingResponse:
     state.check_model(body.model)
     refuse_unsupported("completions", body.model_extra)
+    structured, _ = requested_structure(state, body)
     prompts = await encode_prompts(state, _prompt_list(body.prompt), "prompt")
     prepared = _prepare(state, request, body, prompts, body.max_tokens,
-                        COMPLETIONS_DEFAULT_MAX_TOKENS)
+                        COMPLETIONS_DEFAULT_MAX_TOKENS, structured=structured)
     response_id, model = p.new_id("cmpl"), state.model_name
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         return _stream(
             prepared, include_usage,
-            lambda i, text, reason, _first: p.CompletionResponse(
+            lambda i, text, reason, _first: [p.CompletionResponse(
                 id=response_id, model=model,
-                choices=[p.CompletionChoice(index=i, text=text, finish_reason=reason)]),
+                choices=[p.CompletionChoice(index=i, text=text, finish_reason=reason)])],
             lambda usage: p.CompletionResponse(id=response_id, model=model, choices=[],
                                                usage=usage),
         )
@@ -210,29 +222,66 @@ async def create_chat_completion(
 ) -> p.ChatCompletionResponse | StreamingResponse:
     state.check_model(body.model)
     refuse_unsupported("chat", body.model_extra)
+    parser = _tool_parser(state, body)
+    structured, _ = requested_structure(state, body, state.tool_call_parser)
     prompt_text = await render_messages(state, body.messages, body.tools)
     prompts = [await encode_prompt(state, prompt_text, "messages")]
     max_tokens, max_tokens_param = _chat_max_tokens(body)
-    prepared = _prepare(state, request, body, prompts, max_tokens, None, max_tokens_param)
+    prepared = _prepare(state, request, body, prompts, max_tokens, None, max_tokens_param,
+                        structured)  # fmt: skip
     response_id, model = p.new_id("chatcmpl"), state.model_name
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         return _stream(
-            prepared, include_usage,
-            lambda i, text, reason, first: p.ChatCompletionChunk(
-                id=response_id, model=model,
-                choices=[p.ChatChunkChoice(
-                    index=i, finish_reason=reason,
-                    delta=p.ChatDelta(role="assistant" if first else None,
-                                      content=text))]),
+            prepared, include_usage, _chat_chunks(response_id, model, parser),
             lambda usage: p.ChatCompletionChunk(id=response_id, model=model, choices=[],
                                                 usage=usage),
         )
     outputs = await _whole(request, prepared)
-    choices = [
-        p.ChatChoice(index=c.index, message=p.AssistantMessage(content=c.text),
-                     finish_reason=c.finish_reason)
-        for c in outputs[0].outputs
-    ]
+    choices = []
+    for c in outputs[0].outputs:
+        message, finish_reason = reply_message(c.text, parser, c.finish_reason)
+        choices.append(p.ChatChoice(index=c.index, message=message, finish_reason=finish_reason))
     return p.ChatCompletionResponse(id=response_id, model=model, choices=choices,
                                     usage=_usage(outputs))
+
+
+def _tool_parser(state: ServerState, body: p.ChatCompletionRequest) -> str | None:
+    """The parser of this request's replies: None without tools or with ``tool_choice``
+    "none" (the reply is text); 400 naming ``tools`` for a tool that is not a function."""
+    if not body.tools:
+        return None
+    try:
+        tool_functions(body.tools)
+    except ValueError as error:
+        raise bad_request(str(error), param="tools") from error
+    return None if body.tool_choice == "none" else state.tool_call_parser
+
+
+def _chat_chunks(response_id: str, model: str, parser: str | None
+                 ) -> Callable[[int, str, str | None, bool], list[BaseModel]]:
+    """A streamed chat's chunks for a step of choice ``i``: its text delta (a first chunk
+    also names the role), or with a tool-call ``parser`` the content and call deltas of a
+    ``ToolCallStream``, then the finish ("tool_calls" when the reply made calls)."""
+    streams: dict[int, ToolCallStream] = {}
+
+    def chunk(i: int, delta: p.ChatDelta, reason: str | None) -> p.ChatCompletionChunk:
+        return p.ChatCompletionChunk(id=response_id, model=model, choices=[
+            p.ChatChunkChoice(index=i, delta=delta, finish_reason=reason)])
+
+    def chunks(i: int, text: str, reason: str | None, first: bool) -> list[BaseModel]:
+        role = "assistant" if first else None
+        if parser is None:
+            return [chunk(i, p.ChatDelta(role=role, content=text), reason)]
+        stream = streams.setdefault(i, ToolCallStream(parser))
+        out: list[BaseModel] = [chunk(i, p.ChatDelta(role=role, content=""), None)] if first \
+            else []  # fmt: skip
+        for delta in stream.feed(text, reason is not None):
+            out.append(chunk(i, p.ChatDelta(content=delta.content, tool_calls=delta.tool_calls),
+                             None))  # fmt: skip
+        if reason is not None:
+            made_calls = stream.made_calls and reason == "stop"
+            out.append(chunk(i, p.ChatDelta(), TOOL_CALLS_FINISH if made_calls else reason))
+        return out
+
+    return chunks

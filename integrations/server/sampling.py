@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from prefixcache.engine.sampling_params import SamplingParams
+from prefixcache.engine.structured_output import StructuredOutput
 from prefixcache.integrations.server.errors import ApiError, bad_request
 from prefixcache.integrations.server.prompt_encoding import CONTEXT_CODE, check_texts
 from prefixcache.integrations.server.protocol import SamplingFields
@@ -24,12 +25,14 @@ def sampling_params(
     max_tokens: int | None,
     default_max_tokens: int | None,
     max_tokens_param: str = "max_tokens",
+    structured: StructuredOutput | None = None,
 ) -> SamplingParams:
     """Validated params for prompts of ``prompt_lengths`` tokens.
 
     ``max_tokens`` None means ``default_max_tokens`` clipped to the room left in the context
     and the KV pool (None: all that room). ``max_tokens_param`` is the field the client sent
-    it as (chat's ``max_completion_tokens``), named in errors about it."""
+    it as (chat's ``max_completion_tokens``), named in errors about it. ``structured``: what
+    the output must match (``structured_request``)."""
     if not 1 <= request.n <= state.max_n:
         raise bad_request(f"n must be in [1, {state.max_n}], got {request.n}", param="n")
     room = state.max_model_len - max(prompt_lengths)
@@ -60,6 +63,7 @@ def sampling_params(
             frequency_penalty=request.frequency_penalty,
             repetition_penalty=request.repetition_penalty, min_p=request.min_p,
             min_tokens=request.min_tokens, logit_bias=_logit_bias(request.logit_bias),
+            structured=structured,
         )
     except (TypeError, ValueError) as error:
         param = _param_named_in(str(error))

@@ -28,6 +28,7 @@ class ServerState:
     metrics: ServerMetrics = field(default_factory=ServerMetrics)
     limits: RequestLimits | None = None  # None: the defaults for the engine's model
     draining: bool = False  # set on shutdown: new requests and /health answer 503
+    tool_call_parser: str = "hermes"  # the format of the served model's tool calls
 
     def __post_init__(self) -> None:
         if self.limits is None:

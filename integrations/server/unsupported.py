@@ -33,11 +33,7 @@ _BOTH: dict[str, Callable[[Any], bool]] = {
 NEUTRAL: dict[str, dict[str, Callable[[Any], bool]]] = {
     "completions": {**_BOTH, "echo": _absent_or(False), "suffix": _absent_or(""),
                     "best_of": _absent_or(1)},
-    "chat": {**_BOTH, "top_logprobs": _absent_or(0),
-             "response_format": _absent_or({"type": "text"}),
-             # the tools are shown to the model, but a reply is never parsed into tool_calls:
-             # a client that requires a call (or names one) would silently get text
-             "tool_choice": _absent_or("auto", "none")},
+    "chat": {**_BOTH, "top_logprobs": _absent_or(0)},
 }
 
 

@@ -42,10 +42,38 @@ def hf_tokenizer(template):
 @pytest.mark.parametrize("template", [TINY_CHAT_TEMPLATE, RICH_TEMPLATE])
 @pytest.mark.parametrize("generation_prompt", [True, False])
 def test_renders_like_transformers(template, generation_prompt):
+    """Bitwise transformers' text, tools included where the template reads them (a template
+    that does not gets them in its messages instead: the next test)."""
     ours = ChatTemplate(template, bos_token="<s>", eos_token="<|im_end|>")
+    messages = MESSAGES if ours.uses_tools else [m for m in MESSAGES if m["role"] != "tool"]
+    tools = TOOLS if ours.uses_tools else None
     expected = hf_tokenizer(template).apply_chat_template(
-        MESSAGES, tools=TOOLS, tokenize=False, add_generation_prompt=generation_prompt)
-    assert ours.render(MESSAGES, tools=TOOLS, add_generation_prompt=generation_prompt) == expected
+        messages, tools=tools, tokenize=False, add_generation_prompt=generation_prompt)
+    assert ours.render(messages, tools=tools, add_generation_prompt=generation_prompt) == expected
+
+
+def test_a_template_without_tools_gets_them_in_the_hermes_format():
+    ours = ChatTemplate(TINY_CHAT_TEMPLATE, bos_token="<s>", eos_token="<|im_end|>")
+    assert not ours.uses_tools and ChatTemplate(RICH_TEMPLATE).uses_tools
+    call = {"id": "call_1", "type": "function",
+            "function": {"name": "météo", "arguments": '{"ville": "Paris"}'}}
+    conversation = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Weather?"},
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "sunny"},
+        {"role": "tool", "tool_call_id": "call_2", "content": "warm"},
+    ]
+    text = ours.render(conversation, tools=TOOLS)
+    assert text.count("<|im_start|>system") == 1 and "Be brief.\n\n# Tools" in text
+    assert '{"type": "function", "function": {"name": "météo", "parameters": {}}}' in text
+    assert '<tool_call>\n{"name": "météo", "arguments": {"ville": "Paris"}}\n</tool_call>' in text
+    # both results in one user turn, in order
+    assert ("<|im_start|>user\n<tool_response>\nsunny\n</tool_response>\n<tool_response>\n"
+            "warm\n</tool_response>") in text
+    assert "<|im_start|>tool" not in text
+    with pytest.raises(ValueError, match="tools\\[0\\]"):
+        ours.render(conversation, tools=[{"type": "retrieval"}])
 
 
 def test_raise_exception_becomes_chat_template_error():

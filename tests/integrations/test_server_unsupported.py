@@ -23,10 +23,6 @@ REFUSED = [
     ("/v1/completions", COMPLETION, "best_of", 3),
     ("/v1/chat/completions", CHAT, "logprobs", True),
     ("/v1/chat/completions", CHAT, "top_logprobs", 2),
-    ("/v1/chat/completions", CHAT, "response_format", {"type": "json_object"}),
-    ("/v1/chat/completions", CHAT, "tool_choice", "required"),
-    ("/v1/chat/completions", CHAT, "tool_choice",
-     {"type": "function", "function": {"name": "weather"}}),
 ]
 
 NEUTRAL = [
