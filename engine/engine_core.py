@@ -22,6 +22,7 @@ import torch
 
 from prefixcache import PrefixCache
 from prefixcache.engine.logits_processors import process_logits, rows_to_process
+from prefixcache.engine.logprobs import raw_logprobs, token_logprob
 from prefixcache.engine.model_runner import ModelRunner
 from prefixcache.engine.outputs import (
     INTERNAL_ERROR,
@@ -162,11 +163,13 @@ class EngineCore:
         sampled = [seq.request for seq in out.sequences if seq.samples]
         groups = [self._by_request[request] for request in sampled]
         logits: torch.Tensor | None = None  # [num_sampled, vocab], when a row samples
+        logprobs: dict[int, torch.Tensor] = {}  # row -> [vocab] raw log-softmax
         try:
-            if all(g.params.greedy and not g.params.modifies_logits for g in groups):
+            if all(g.params.greedy and not g.params.needs_logits for g in groups):
                 greedy = self.runner.execute_greedy(out)  # [num_sampled] token ids
             else:
                 logits = self.runner.execute(out)
+                logprobs = raw_logprobs(logits, sampled)  # before any processing
                 if rows := rows_to_process(sampled):
                     with torch.inference_mode():  # the runner's logits are inference tensors
                         processed = logits[rows]
@@ -190,7 +193,7 @@ class EngineCore:
                 continue
             row_logits = None if logits is None else logits[row]
             try:
-                self._advance(group, request, row_logits, greedy[row], now)
+                self._advance(group, request, row_logits, greedy[row], now, logprobs.get(row))
             except Exception as error:
                 logger.exception("request %s failed while sampling", group.request_id)
                 self._fail(group, INTERNAL_ERROR, f"sampling failed: {error!r}")
@@ -231,6 +234,7 @@ class EngineCore:
         logits: torch.Tensor | None,  # [vocab] float32; None on an all-greedy step
         greedy_token: int,  # the row's argmax token (greedy requests only)
         now: float,
+        logprobs: torch.Tensor | None = None,  # [vocab] raw log-softmax, when asked for
     ) -> None:
         sample = next(s for s in group.samples if s.request is request)
         children: list[Sample] = []
@@ -242,6 +246,9 @@ class EngineCore:
             else:
                 assert logits is not None  # a sampling row makes the step hand logits out
                 token = sample_token(logits, group.params, current.generator)
+            if logprobs is not None:
+                top = group.params.logprobs or 0
+                current.request.logprobs.append(token_logprob(logprobs, token, top))
             self._append(current, token, now)
 
     def _fork(self, group: RequestGroup, parent: Request, index: int) -> Sample:
@@ -314,6 +321,7 @@ class EngineCore:
                     request.output_token_ids,
                     request.finish_reason,
                     request.stop_reason,
+                    list(request.logprobs) if group.params.logprobs is not None else None,
                 )
             )
         finished = group.finished

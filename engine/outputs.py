@@ -5,15 +5,28 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 
+@dataclass(frozen=True)
+class TokenLogprob:
+    """A sampled token's log probability under the model's own distribution (the raw logits'
+    log-softmax, before penalties, biases, temperature or a grammar), and the ``top`` tokens'
+    ``(token id, log probability)``, likeliest first."""
+
+    token_id: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
+
+
 @dataclass
 class CompletionOutput:
-    """One sample of a request (``index`` < n)."""
+    """One sample of a request (``index`` < n); ``logprobs`` one entry per token of
+    ``token_ids`` when the request asked for them (``SamplingParams.logprobs``)."""
 
     index: int
     text: str
     token_ids: list[int]
     finish_reason: str | None = None
     stop_reason: str | int | None = None
+    logprobs: list[TokenLogprob] | None = None
 
 
 @dataclass

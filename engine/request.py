@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from prefixcache.engine.outputs import TokenLogprob
 from prefixcache.engine.sampling_params import SamplingParams
 
 
@@ -85,6 +86,7 @@ class Request:
         self.tier_fetch: Future[dict[int, Any]] | None = None
         # the structured output's llguidance matcher (``StructuredOutput``), set by the engine
         self.matcher: Any = None
+        self.logprobs: list[TokenLogprob] = []  # one per output token (params.logprobs)
         self.status = RequestStatus.WAITING
         self.finish_reason: str | None = None
         self.stop_reason: str | int | None = None

@@ -11,6 +11,7 @@ SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1  # the seeds a torch.Generator takes
 # overflow, and the distribution they describe is the argmax to within float precision.
 GREEDY_TEMPERATURE_EPS = 1e-5
 MAX_REPETITION_PENALTY = 10.0  # far past any useful value; bounds what a client can send
+MAX_LOGPROBS = 20  # top tokens a request may ask for (OpenAI's limit for chat)
 
 
 @dataclass
@@ -39,6 +40,9 @@ class SamplingParams:
     ``structured`` constrains the output to a JSON Schema, a regex, a choice or a grammar
     (``StructuredOutput``): tokens the grammar does not allow next are masked before sampling,
     and the request stops once the grammar is complete.
+
+    ``logprobs`` (0 to 20) reports each sampled token's log probability and that many top
+    alternatives (``TokenLogprob``), from the model's raw distribution (vLLM's default).
     """
 
     max_tokens: int = 16
@@ -58,6 +62,7 @@ class SamplingParams:
     min_tokens: int = 0
     min_p: float = 0.0
     structured: StructuredOutput | None = None
+    logprobs: int | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -102,6 +107,10 @@ class SamplingParams:
         for token, bias in self.logit_bias.items():
             _check_int("logit_bias key", token, minimum=0)
             _check_number(f"logit_bias[{token}]", bias, -100.0, 100.0)
+        if self.logprobs is not None:
+            _check_int("logprobs", self.logprobs, minimum=0)
+            if self.logprobs > MAX_LOGPROBS:
+                raise ValueError(f"logprobs must be in [0, {MAX_LOGPROBS}], got {self.logprobs}")
         if self.structured is not None and not isinstance(self.structured, StructuredOutput):
             raise TypeError(f"structured must be a StructuredOutput, got "
                             f"{type(self.structured).__name__}")  # fmt: skip
@@ -113,6 +122,12 @@ class SamplingParams:
         return bool(self.logit_bias or self.min_tokens or self.presence_penalty
                     or self.frequency_penalty or self.repetition_penalty != 1.0 or self.min_p
                     or self.structured is not None)
+
+    @property
+    def needs_logits(self) -> bool:
+        """Whether this request's rows need their full logits handed out (for processing or
+        for log probabilities)."""
+        return self.modifies_logits or self.logprobs is not None
 
     @property
     def greedy(self) -> bool:

@@ -5,14 +5,14 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from functools import cached_property
+from functools import cached_property, lru_cache
 from pathlib import Path
 from typing import Any
 
 from tokenizers import Tokenizer as BackendTokenizer
 from tokenizers import decoders
 
-from .gguf_tokenizer import tokenizer_from_gguf_metadata
+from .gguf_tokenizer import bytes_to_unicode, tokenizer_from_gguf_metadata
 from .incremental_detokenizer import IncrementalDetokenizer
 
 LONG_TEXT_CHARS = 4096  # longer text is encoded with the GIL released (see `encode`)
@@ -142,11 +142,42 @@ class Tokenizer:
     def id_to_token(self, token_id: int) -> str | None:
         return self.backend.id_to_token(token_id)
 
+    def token_bytes(self, token_id: int) -> bytes:
+        """The bytes of text ``token_id`` stands for on its own: a byte-level BPE token's
+        bytes (a piece of a character, for some), an added or special token's text, else
+        the token decoded alone (SentencePiece-style tokenizers)."""
+        cached = self._token_bytes.get(token_id)
+        if cached is not None:
+            return cached
+        piece = self.backend.id_to_token(token_id)
+        decoder = _byte_decoder()
+        if (self.decode_concatenates and piece is not None
+                and token_id not in self._added_ids and all(ch in decoder for ch in piece)):
+            value = bytes(decoder[ch] for ch in piece)
+        else:
+            value = self.decode([token_id], skip_special_tokens=False).encode("utf-8")
+        self._token_bytes[token_id] = value
+        return value
+
+    @cached_property
+    def _added_ids(self) -> frozenset[int]:
+        return frozenset(self.backend.get_added_tokens_decoder())
+
+    @cached_property
+    def _token_bytes(self) -> dict[int, bytes]:
+        return {}
+
     def incremental_detokenizer(self, skip_special_tokens: bool = True) -> IncrementalDetokenizer:
         """A fresh streaming detokenizer over this tokenizer."""
         return IncrementalDetokenizer(
             lambda ids: self.decode(ids, skip_special_tokens=skip_special_tokens)
         )
+
+
+@lru_cache(maxsize=1)
+def _byte_decoder() -> dict[str, int]:
+    """Byte-level BPE's printable character -> byte table."""
+    return {char: byte for byte, char in bytes_to_unicode().items()}
 
 
 def _keeps_every_byte(pre_tokenizer: Mapping[str, Any] | None) -> bool:

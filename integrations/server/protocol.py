@@ -91,7 +91,11 @@ class SamplingFields(StrictRequest):
 
 
 class CompletionRequest(SamplingFields):
-    """``prompt``: text, token ids, or a list of either (one choice set per prompt)."""
+    """``prompt``: text, token ids, or a list of either (one choice set per prompt).
+    ``logprobs``: how many top tokens to report beside each sampled one (0: only it)."""
+
+    logprobs: Annotated[Int64, checked(minimum=0, maximum=20)] | None = None
+    echo: bool = False
 
     prompt: PromptText | Texts | TokenIds | Annotated[
         list[TokenIds], Field(fail_fast=True, json_schema_extra={"minItems": 1})]
@@ -133,6 +137,8 @@ class NamedToolChoice(StrictRequest):
 class ChatCompletionRequest(SamplingFields):
     messages: Messages
     max_completion_tokens: Annotated[Int64, checked(minimum=1)] | None = None
+    logprobs: bool = False
+    top_logprobs: Annotated[Int64, checked(minimum=0, maximum=20)] | None = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool = True
@@ -195,10 +201,20 @@ def make_usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -
     )
 
 
+class CompletionLogprobs(BaseModel):
+    """The legacy completions shape: per token its text, log probability, top alternatives
+    (text -> log probability) and character offset in the choice's text."""
+
+    tokens: list[str] = Field(default_factory=list)
+    token_logprobs: list[float] = Field(default_factory=list)
+    top_logprobs: list[dict[str, float]] = Field(default_factory=list)
+    text_offset: list[int] = Field(default_factory=list)
+
+
 class CompletionChoice(BaseModel):
     index: int
     text: str
-    logprobs: None = None
+    logprobs: CompletionLogprobs | None = None
     finish_reason: str | None = None
 
 
@@ -228,10 +244,27 @@ class AssistantMessage(BaseModel):
     tool_calls: list[ToolCall] | None = None
 
 
+class TopLogprob(BaseModel):
+    token: str
+    logprob: float
+    bytes: list[int]
+
+
+class TokenLogprobEntry(TopLogprob):
+    top_logprobs: list[TopLogprob] = Field(default_factory=list)
+
+
+class ChoiceLogprobs(BaseModel):
+    """Chat's shape: one entry per sampled token."""
+
+    content: list[TokenLogprobEntry] | None = None
+    refusal: None = None
+
+
 class ChatChoice(BaseModel):
     index: int
     message: AssistantMessage
-    logprobs: None = None
+    logprobs: ChoiceLogprobs | None = None
     finish_reason: str | None = None
 
 
@@ -277,7 +310,7 @@ class ChatDelta(BaseModel):
 class ChatChunkChoice(BaseModel):
     index: int
     delta: ChatDelta
-    logprobs: None = None
+    logprobs: ChoiceLogprobs | None = None
     finish_reason: str | None = None
 
 

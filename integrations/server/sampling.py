@@ -26,13 +26,15 @@ def sampling_params(
     default_max_tokens: int | None,
     max_tokens_param: str = "max_tokens",
     structured: StructuredOutput | None = None,
+    logprobs: int | None = None,
 ) -> SamplingParams:
     """Validated params for prompts of ``prompt_lengths`` tokens.
 
     ``max_tokens`` None means ``default_max_tokens`` clipped to the room left in the context
     and the KV pool (None: all that room). ``max_tokens_param`` is the field the client sent
     it as (chat's ``max_completion_tokens``), named in errors about it. ``structured``: what
-    the output must match (``structured_request``)."""
+    the output must match (``structured_request``); ``logprobs``: top tokens to report beside
+    each sampled one (None: no log probabilities)."""
     if not 1 <= request.n <= state.max_n:
         raise bad_request(f"n must be in [1, {state.max_n}], got {request.n}", param="n")
     room = state.max_model_len - max(prompt_lengths)
@@ -63,7 +65,7 @@ def sampling_params(
             frequency_penalty=request.frequency_penalty,
             repetition_penalty=request.repetition_penalty, min_p=request.min_p,
             min_tokens=request.min_tokens, logit_bias=_logit_bias(request.logit_bias),
-            structured=structured,
+            structured=structured, logprobs=logprobs,
         )
     except (TypeError, ValueError) as error:
         param = _param_named_in(str(error))

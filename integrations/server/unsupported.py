@@ -1,10 +1,9 @@
 """OpenAI request fields this server does not honour: refused, not silently dropped.
 
-A client that asks for log probabilities or a JSON response format and gets an answer without
-them cannot tell; OpenAI itself answers 400 naming the parameter
-when a model does not support one. Unknown fields stay ignored (clients add their own), and
-each field here passes at its neutral value, which some clients send by default
-(``"logprobs": false``, ``"top_logprobs": 0``).
+A client that asks for something and gets an answer without it cannot tell; OpenAI itself
+answers 400 naming the parameter when a model does not support one. Unknown fields stay
+ignored (clients add their own), and each field here passes at its neutral value, which some
+clients send by default (``"best_of": 1``).
 """
 
 from __future__ import annotations
@@ -27,13 +26,12 @@ def _absent_or(*neutral: Any) -> Callable[[Any], bool]:
 
 
 # field -> whether a value of it asks for nothing this server would leave out
-_BOTH: dict[str, Callable[[Any], bool]] = {
-    "logprobs": _absent_or(False),
-}
 NEUTRAL: dict[str, dict[str, Callable[[Any], bool]]] = {
-    "completions": {**_BOTH, "echo": _absent_or(False), "suffix": _absent_or(""),
-                    "best_of": _absent_or(1)},
-    "chat": {**_BOTH, "top_logprobs": _absent_or(0)},
+    "completions": {"suffix": _absent_or(""), "best_of": _absent_or(1),
+                    # vLLM's: the logits of every prompt token, which a prefix hit never
+                    # computed (refused rather than served by recomputing the prefix)
+                    "prompt_logprobs": _absent_or()},
+    "chat": {"prompt_logprobs": _absent_or()},
 }
 
 

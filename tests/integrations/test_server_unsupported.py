@@ -16,13 +16,10 @@ COMPLETION = {"model": SERVED_NAME, "prompt": "hello", "max_tokens": 2}
 CHAT = {"model": SERVED_NAME, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
 
 REFUSED = [
-    ("/v1/completions", COMPLETION, "logprobs", 0),  # 0: the sampled token's log probability
-    ("/v1/completions", COMPLETION, "logprobs", 5),
-    ("/v1/completions", COMPLETION, "echo", True),
     ("/v1/completions", COMPLETION, "suffix", "def f():"),
     ("/v1/completions", COMPLETION, "best_of", 3),
-    ("/v1/chat/completions", CHAT, "logprobs", True),
-    ("/v1/chat/completions", CHAT, "top_logprobs", 2),
+    ("/v1/completions", COMPLETION, "prompt_logprobs", 0),  # 0: each prompt token's own
+    ("/v1/chat/completions", CHAT, "prompt_logprobs", 2),
 ]
 
 NEUTRAL = [
@@ -60,19 +57,18 @@ def test_neutral_values_and_unknown_fields_are_served(
 def test_the_openai_client_gets_a_bad_request_naming_the_field(server: BackgroundServer) -> None:
     client = openai.OpenAI(base_url=f"{server.base_url}/v1", api_key="unused", max_retries=0)
     with pytest.raises(openai.BadRequestError) as raised:
-        client.chat.completions.create(model=SERVED_NAME, max_tokens=2, logprobs=True,
-                                       top_logprobs=3, messages=[{"role": "user", "content": "x"}])
-    assert raised.value.param == "logprobs" and raised.value.code == UNSUPPORTED_CODE
-    with pytest.raises(openai.BadRequestError, match="echo"):  # streams too
+        client.completions.create(model=SERVED_NAME, max_tokens=2, prompt="x", best_of=2)
+    assert raised.value.param == "best_of" and raised.value.code == UNSUPPORTED_CODE
+    with pytest.raises(openai.BadRequestError, match="suffix"):  # streams too
         list(client.completions.create(model=SERVED_NAME, prompt="x", max_tokens=2,
-                                       echo=True, stream=True))
+                                       suffix="y", stream=True))
     assert_server_clean(server.base_url)
 
 
 def test_neutral_is_decided_by_type_as_well_as_value() -> None:
-    refuse_unsupported("chat", {"logprobs": False, "top_logprobs": 0})
-    for route, extra in [("completions", {"logprobs": 0}), ("chat", {"logprobs": 0}),
-                         ("chat", {"top_logprobs": False}), ("completions", {"best_of": 1.0})]:
+    refuse_unsupported("completions", {"best_of": 1, "suffix": ""})
+    for route, extra in [("completions", {"best_of": 1.0}), ("completions", {"suffix": False}),
+                         ("chat", {"prompt_logprobs": 0})]:
         with pytest.raises(ApiError) as raised:
             refuse_unsupported(route, extra)
         assert raised.value.param == next(iter(extra))
