@@ -37,7 +37,7 @@ from prefixcache.engine.sampling_params import SamplingParams
 from prefixcache.engine.scheduler import Scheduler
 from prefixcache.engine.scheduler_output import SchedulerOutput
 from prefixcache.engine.stop_checker import SequenceText, check_stop, stop_string_holdback
-from prefixcache.engine.structured_output import GrammarCompiler
+from prefixcache.engine.structured_output import GrammarCompiler, GrammarMasks
 
 logger = logging.getLogger(__name__)
 
@@ -54,11 +54,14 @@ class EngineCore:
         max_model_len: int,
         prefix_stable_decode: bool = False,
         grammars: GrammarCompiler | None = None,
+        vocab_size: int = 0,
     ) -> None:
         """``prefix_stable_decode``: ``decode`` is byte-level (``Tokenizer.decode_concatenates``),
         so a request's text is kept up to date by decoding only its new tokens
-        (``SequenceText``). ``grammars`` compiles requests' structured outputs."""
+        (``SequenceText``). ``grammars`` compiles requests' structured outputs (over
+        ``vocab_size`` logits)."""
         self.grammars = grammars
+        self.vocab_size = vocab_size
         self.scheduler = scheduler
         self.runner = runner
         self.cache: PrefixCache = scheduler.cache
@@ -168,6 +171,10 @@ class EngineCore:
             if all(g.params.greedy and not g.params.needs_logits for g in groups):
                 greedy = self.runner.execute_greedy(out)  # [num_sampled] token ids
             else:
+                constrained = [(row, r.matcher) for row, r in enumerate(sampled)
+                               if r.matcher is not None]  # fmt: skip
+                # the grammars' masks are computed while the model runs the step
+                masks = GrammarMasks(constrained, self.vocab_size) if constrained else None
                 logits = self.runner.execute(out)
                 logprobs = raw_logprobs(logits, sampled)  # before any processing
                 if rows := rows_to_process(sampled):
@@ -176,6 +183,8 @@ class EngineCore:
                         process_logits(processed, [sampled[r] for r in rows],
                                        self.eos_token_ids)
                         logits[rows] = processed
+                        if masks is not None:
+                            masks.apply(logits)
                 # One argmax over the batch instead of one per greedy row.
                 if any(group.params.greedy for group in groups):
                     greedy = logits.argmax(dim=-1).tolist()

@@ -163,6 +163,7 @@ class LLM:
         self.engine = EngineCore(
             scheduler, runner, self.tokenizer.decode, eos, self.max_model_len,
             prefix_stable_decode=self.tokenizer.decode_concatenates, grammars=self.grammars,
+            vocab_size=self.config.vocab_size,
         )
         self._ids = itertools.count()
 

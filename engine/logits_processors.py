@@ -4,8 +4,9 @@ OpenAI's and vLLM's semantics, in vLLM's order: ``logit_bias`` (added), ``min_to
 the stop token ids masked while fewer tokens are out), then the penalties: repetition (every
 token of the prompt or the output: a positive logit divided by it, a negative one multiplied),
 frequency (subtracted once per occurrence in the output) and presence (subtracted once for any
-occurrence in the output); last, a structured output's grammar masks every token it does not
-allow. Temperature, ``min_p``, top-k and top-p follow in the sampler.
+occurrence in the output). A structured output's grammar masks what it does not allow after
+these (``GrammarMasks``, applied by the engine); temperature, ``min_p``, top-k and top-p follow
+in the sampler.
 Each kind runs as one tensor operation over all the rows that use it.
 """
 
@@ -16,7 +17,6 @@ from collections.abc import Sequence
 import torch
 
 from prefixcache.engine.request import Request
-from prefixcache.engine.structured_output import apply_grammar_masks
 
 
 def rows_to_process(requests: Sequence[Request]) -> list[int]:
@@ -36,8 +36,6 @@ def process_logits(
     penalized = [row for row, request in enumerate(requests) if _penalizes(request)]
     if penalized:
         logits[penalized] = _penalize(logits[penalized], [requests[r] for r in penalized])
-    apply_grammar_masks(logits, [(row, request.matcher) for row, request in enumerate(requests)
-                                 if request.matcher is not None])  # fmt: skip
 
 
 def _add_logit_bias(logits: torch.Tensor, requests: Sequence[Request], vocab: int) -> None:

@@ -182,3 +182,12 @@ def test_loop_stall_quick(tmp_path):
     assert statuses[("default", "temperature 5e-324")] == (200, None)
     assert statuses[("wide", "ids filling the body cap")][0] == 400
     assert all(row["health_samples"] > 0 for row in result["rows"])
+
+
+def test_structured_output_quick(tmp_path):
+    result = run_quick("structured_output.py", tmp_path / "structured.json")
+    assert set(result["per_token"]) == {"1", "2"}
+    for row in result["per_token"].values():
+        assert set(row["seconds_per_token"]) == {"free", "free, full logits", "constrained"}
+    assert set(result["compile"]) == {"cold_s", "cached_s", "matcher_s"}
+    assert result["agent_turn"]["prefix_tokens"] >= 256
