@@ -38,6 +38,7 @@ from prefixcache.engine.scheduler import Scheduler
 from prefixcache.engine.scheduler_output import SchedulerOutput
 from prefixcache.engine.stop_checker import SequenceText, check_stop, stop_string_holdback
 from prefixcache.engine.structured_output import GrammarCompiler, GrammarMasks
+from prefixcache.ttl_pins import TtlPins
 
 logger = logging.getLogger(__name__)
 
@@ -55,13 +56,15 @@ class EngineCore:
         prefix_stable_decode: bool = False,
         grammars: GrammarCompiler | None = None,
         vocab_size: int = 0,
+        ttl_pins: TtlPins | None = None,
     ) -> None:
         """``prefix_stable_decode``: ``decode`` is byte-level (``Tokenizer.decode_concatenates``),
         so a request's text is kept up to date by decoding only its new tokens
         (``SequenceText``). ``grammars`` compiles requests' structured outputs (over
-        ``vocab_size`` logits)."""
+        ``vocab_size`` logits). ``ttl_pins`` expire as steps run."""
         self.grammars = grammars
         self.vocab_size = vocab_size
+        self.ttl_pins = ttl_pins
         self.scheduler = scheduler
         self.runner = runner
         self.cache: PrefixCache = scheduler.cache
@@ -123,6 +126,8 @@ class EngineCore:
         ``finished_only``, of those that finished (the others' text is then not decoded: a
         caller that does not stream skips a decode of each running request's output a step)."""
         self._persist_committed()  # blocks cached outside a step (none are written before this)
+        if self.ttl_pins is not None:
+            self.ttl_pins.expire()  # before the schedule: what expired may be evicted now
         out = self.scheduler.schedule()
         self._move_tier_blocks()
         touched: dict[str, RequestGroup] = {}

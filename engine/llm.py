@@ -38,9 +38,11 @@ from prefixcache.engine.scheduling_policy import SchedulingPolicy
 from prefixcache.engine.structured_output import GrammarCompiler
 from prefixcache.kernels import kv_storage_dtype
 from prefixcache.tokens import check_salt
+from prefixcache.ttl_pins import TtlPins
 
 DEFAULT_KV_CACHE_MEMORY = 1 << 30
 DEFAULT_MAX_MODEL_LEN = 8192
+TTL_PIN_SHARE = 4  # each tenant may hold 1 / this of the pool in TTL pins
 
 
 class LLM:
@@ -158,12 +160,14 @@ class LLM:
         runner = ModelRunner(loaded.model, self.kv, self.config.head_dim, self.tiers.host,
                              self.tiers.lower, self.tiers.block_bytes)  # fmt: skip
         eos = tuple(self.tokenizer.eos_token_ids or self.config.eos_token_ids)
+        # a quarter of the pool per tenant at most in TTL pins (cache_control)
+        self.ttl_pins = TtlPins(self.cache, max(1, num_blocks // TTL_PIN_SHARE))
         self.grammars = GrammarCompiler(self.tokenizer.backend.to_str(), self.config.vocab_size,
                                         eos)  # fmt: skip
         self.engine = EngineCore(
             scheduler, runner, self.tokenizer.decode, eos, self.max_model_len,
             prefix_stable_decode=self.tokenizer.decode_concatenates, grammars=self.grammars,
-            vocab_size=self.config.vocab_size,
+            vocab_size=self.config.vocab_size, ttl_pins=self.ttl_pins,
         )
         self._ids = itertools.count()
 
@@ -254,6 +258,8 @@ class LLM:
             failed_steps=self.engine.num_failed_steps,
         )
         stats.update(self.tiers.stats())
+        self.ttl_pins.expire()
+        stats.update(self.ttl_pins.stats())
         return stats
 
     # ------------------------------------------------------------------ internals

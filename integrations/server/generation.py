@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import weakref
 from collections.abc import AsyncIterator, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from fastapi import Request
@@ -18,6 +18,7 @@ from prefixcache.engine.sampling_params import SamplingParams
 from prefixcache.engine.structured_output import StructuredOutput
 from prefixcache.integrations.server import protocol as p
 from prefixcache.integrations.server.admission import Ticket
+from prefixcache.integrations.server.cache_control import PinRequest, apply_pins, created_tokens
 from prefixcache.integrations.server.engine_calls import (
     check_engine_running,
     final_outputs,
@@ -29,11 +30,12 @@ from prefixcache.integrations.server.sampling import check_fits, sampling_params
 from prefixcache.integrations.server.state import ServerState, resolve_salt
 
 
-def usage_of(outputs: Sequence[RequestOutput]) -> p.Usage:
+def usage_of(outputs: Sequence[RequestOutput], pins: Sequence[PinRequest] = ()) -> p.Usage:
+    cached = sum(o.num_cached_tokens for o in outputs)
     return p.make_usage(
         prompt_tokens=sum(o.num_prompt_tokens for o in outputs),
         completion_tokens=sum(len(c.token_ids) for o in outputs for c in o.outputs),
-        cached_tokens=sum(o.num_cached_tokens for o in outputs),
+        cached_tokens=cached, created_tokens=created_tokens(pins, cached),
     )
 
 
@@ -51,17 +53,19 @@ class Prepared:
     params: SamplingParams
     salt: str | None
     ticket: Ticket
+    pins: list[PinRequest] = field(default_factory=list)  # made once the request has run
 
 
 def prepare(state: ServerState, request: Request, body: p.SamplingFields,
             prompts: list[list[int]], max_tokens: int | None,
             default_max_tokens: int | None, max_tokens_param: str = "max_tokens",
             structured: StructuredOutput | None = None,
-            logprobs: int | None = None) -> Prepared:  # fmt: skip
+            logprobs: int | None = None, salt: str | None = None) -> Prepared:  # fmt: skip
     """Checked params for ``prompts`` (``structured``: what the output must match;
-    ``logprobs``: top tokens to report, None for none) and an admission ticket."""
+    ``logprobs``: top tokens to report, None for none) and an admission ticket. ``salt``:
+    the request's, resolved already (else resolved here)."""
     state.check_model(body.model)
-    salt = resolve_salt(request, body.cache_salt)
+    salt = salt if salt is not None else resolve_salt(request, body.cache_salt)
     params = sampling_params(state, body, [len(t) for t in prompts], max_tokens,
                              default_max_tokens, max_tokens_param, structured, logprobs)
     for token_ids in prompts:
@@ -136,8 +140,9 @@ def stream(prepared: Prepared, include_usage: bool, choice_chunks: ChoiceChunks,
                             yield sse(chunk)
                 if output.finished:
                     finished[prompt_index] = output
+            await apply_pins(prepared.state, prepared.salt, prepared.pins)
             if include_usage:
-                yield sse(usage_chunk(usage_of(list(finished.values()))))
+                yield sse(usage_chunk(usage_of(list(finished.values()), prepared.pins)))
         except ApiError as error:
             yield sse(error.body())
         finally:
@@ -152,9 +157,11 @@ def stream(prepared: Prepared, include_usage: bool, choice_chunks: ChoiceChunks,
 
 async def whole(request: Request, prepared: Prepared) -> list[RequestOutput]:
     try:
-        return await unless_disconnected(
+        outputs = await unless_disconnected(
             request, final_outputs(prepared.state, prepared.prompts, prepared.params,
                                    prepared.salt)
         )
     finally:
         prepared.ticket.release()
+    await apply_pins(prepared.state, prepared.salt, prepared.pins)
+    return outputs

@@ -186,18 +186,24 @@ class PromptTokensDetails(BaseModel):
 
 
 class Usage(BaseModel):
+    """``cache_creation_input_tokens``: prompt tokens this request computed and pinned by its
+    ``cache_control`` (Anthropic's field; 0 without one)."""
+
     prompt_tokens: int = 0
     completion_tokens: int = 0
     total_tokens: int = 0
     prompt_tokens_details: PromptTokensDetails = Field(default_factory=PromptTokensDetails)
+    cache_creation_input_tokens: int = 0
 
 
-def make_usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> Usage:
+def make_usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int,
+               created_tokens: int = 0) -> Usage:  # fmt: skip
     return Usage(
         prompt_tokens=prompt_tokens,
         completion_tokens=completion_tokens,
         total_tokens=prompt_tokens + completion_tokens,
         prompt_tokens_details=PromptTokensDetails(cached_tokens=cached_tokens),
+        cache_creation_input_tokens=created_tokens,
     )
 
 

@@ -9,6 +9,7 @@ from pydantic import BaseModel
 from prefixcache.engine.sampling_params import MAX_LOGPROBS
 from prefixcache.engine.tool_prompt import tool_functions
 from prefixcache.integrations.server import protocol as p
+from prefixcache.integrations.server.cache_control import check_pin_budget, pin_requests
 from prefixcache.integrations.server.chat_chunks import chat_chunks
 from prefixcache.integrations.server.errors import ApiError, bad_request, error_responses
 from prefixcache.integrations.server.generation import (
@@ -25,7 +26,7 @@ from prefixcache.integrations.server.prompt_encoding import (
     encode_prompts,
     render_messages,
 )
-from prefixcache.integrations.server.state import ServerState, State
+from prefixcache.integrations.server.state import ServerState, State, resolve_salt
 from prefixcache.integrations.server.structured_request import requested_structure
 from prefixcache.integrations.server.tool_replies import reply_message
 from prefixcache.integrations.server.unsupported import UNSUPPORTED_CODE, refuse_unsupported
@@ -130,8 +131,12 @@ async def create_chat_completion(
     prompts = [await encode_prompt(state, prompt_text, "messages")]
     max_tokens, max_tokens_param = _chat_max_tokens(body)
     logprobs = (body.top_logprobs or 0) if body.logprobs else None
+    salt = resolve_salt(request, body.cache_salt)
+    pins = await pin_requests(state, body, prompts[0])
+    await check_pin_budget(state, salt, pins)
     prepared = prepare(state, request, body, prompts, max_tokens, None, max_tokens_param,
-                       structured, logprobs)  # fmt: skip
+                       structured, logprobs, salt)  # fmt: skip
+    prepared.pins = pins
     response_id, model = p.new_id("chatcmpl"), state.model_name
     tokenizer = state.engine.llm.tokenizer
     if body.stream:
@@ -149,7 +154,7 @@ async def create_chat_completion(
             index=c.index, message=message, finish_reason=finish_reason,
             logprobs=None if c.logprobs is None else chat_logprobs(tokenizer, c.logprobs)))
     return p.ChatCompletionResponse(id=response_id, model=model, choices=choices,
-                                    usage=usage_of(outputs))
+                                    usage=usage_of(outputs, pins))
 
 
 def _check_logprobs(value: int | None, param: str) -> None:
