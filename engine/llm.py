@@ -200,11 +200,13 @@ class LLM:
         conversations = [messages] if messages and isinstance(messages[0], Mapping) else messages
         return self.generate([self.render_chat(c) for c in conversations], params, salt)
 
-    def render_chat(self, messages: Sequence[Mapping[str, Any]]) -> str:
-        """The prompt text the model's chat template makes of ``messages``."""
+    def render_chat(self, messages: Sequence[Mapping[str, Any]],
+                    tools: Sequence[Mapping[str, Any]] | None = None) -> str:
+        """The prompt text the model's chat template makes of ``messages`` (and OpenAI
+        ``tools``; see ``ChatTemplate.render``)."""
         if self.chat_template is None:
             raise ValueError(f"model {self.model_name!r} has no chat template")
-        return self.chat_template.render(messages, add_generation_prompt=True)
+        return self.chat_template.render(messages, add_generation_prompt=True, tools=tools)
 
     def warm(self, prompt: str | Sequence[int], salt: str | None = None, pin: bool = False) -> int:
         """Prefill ``prompt`` without sampling, leaving it cached (its full blocks and the

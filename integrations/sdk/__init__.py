@@ -13,10 +13,11 @@ from prefixcache.integrations.sdk.rag import (
 )
 from prefixcache.integrations.sdk.results import Chunk, Completion, Usage
 from prefixcache.integrations.sdk.session import Session, Turn
-from prefixcache.integrations.sdk.wire import APIError
+from prefixcache.integrations.sdk.wire import APIError, APITimeoutError
 
 __all__ = [
     "APIError",
+    "APITimeoutError",
     "AsyncClient",
     "Chunk",
     "Client",

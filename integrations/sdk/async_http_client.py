@@ -47,18 +47,19 @@ class AsyncClient:
             route, body = "/v1/completions", wire.completion_body(model, prompt, opts, True)
         else:
             raise ValueError("give a prompt or messages")
-        async with self._http.stream("POST", route, json=body) as response:
-            if not response.is_success:
-                await response.aread()
-                wire.raise_for_error(response)
-            assembler = wire.StreamAssembler()
-            async for line in response.aiter_lines():
-                for chunk in assembler.feed(line):
+        with wire.timeouts_as_api_errors():
+            async with self._http.stream("POST", route, json=body) as response:
+                if not response.is_success:
+                    await response.aread()
+                    wire.raise_for_error(response)
+                assembler = wire.StreamAssembler()
+                async for line in response.aiter_lines():
+                    for chunk in assembler.feed(line):
+                        yield chunk
+                    if assembler.done:
+                        return
+                for chunk in assembler.close():
                     yield chunk
-                if assembler.done:
-                    return
-            for chunk in assembler.close():
-                yield chunk
 
     async def warm(self, prompt: str | Sequence[int] | None = None, *,
                    messages: wire.Messages | None = None, pin: bool = False,
@@ -96,11 +97,13 @@ class AsyncClient:
         await self.aclose()
 
     async def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
-        response = await self._http.post(path, json=body)
+        with wire.timeouts_as_api_errors():
+            response = await self._http.post(path, json=body)
         wire.raise_for_error(response)
         return response.json()
 
     async def _get(self, path: str) -> dict[str, Any]:
-        response = await self._http.get(path)
+        with wire.timeouts_as_api_errors():
+            response = await self._http.get(path)
         wire.raise_for_error(response)
         return response.json()

@@ -57,7 +57,8 @@ class Client:
             route, body = "/v1/completions", wire.completion_body(self.model, prompt, opts, True)
         else:
             raise ValueError("give a prompt or messages")
-        with self._http.stream("POST", route, json=body) as response:
+        with wire.timeouts_as_api_errors(), \
+                self._http.stream("POST", route, json=body) as response:  # fmt: skip
             if not response.is_success:
                 response.read()
                 wire.raise_for_error(response)
@@ -110,11 +111,13 @@ class Client:
         self.close()
 
     def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
-        response = self._http.post(path, json=body)
+        with wire.timeouts_as_api_errors():
+            response = self._http.post(path, json=body)
         wire.raise_for_error(response)
         return response.json()
 
     def _get(self, path: str) -> dict[str, Any]:
-        response = self._http.get(path)
+        with wire.timeouts_as_api_errors():
+            response = self._http.get(path)
         wire.raise_for_error(response)
         return response.json()

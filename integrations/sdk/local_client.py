@@ -12,9 +12,16 @@ from typing import Any
 
 from prefixcache.engine.llm import LLM
 from prefixcache.engine.outputs import RequestOutput
+from prefixcache.engine.tool_calls import parser_for_template
+from prefixcache.integrations.openai_structure import structure_of
 from prefixcache.integrations.sdk.options import GenerationOptions
 from prefixcache.integrations.sdk.results import Chunk, Completion, Usage
 from prefixcache.integrations.sdk.wire import Messages
+from prefixcache.integrations.server.tool_replies import (
+    TOOL_CALLS_FINISH,
+    ToolCallStream,
+    reply_message,
+)
 
 COMPLETION_DEFAULT_MAX_TOKENS = 16
 
@@ -35,23 +42,29 @@ class LocalClient:
             salt=opts.salt)[0])
 
     def chat(self, messages: Messages, **options: Any) -> Completion:
+        """A reply to ``messages``; with ``tools`` (and ``tool_choice`` not "none") its calls
+        are parsed into ``tool_calls``, as the server does."""
         opts = GenerationOptions(**options)
-        prompt = self.llm.render_chat(messages)
-        return _completion(self.llm.generate([prompt], self._params(opts, prompt, None),
-                                             salt=opts.salt)[0])
+        prompt = self.llm.render_chat(messages, opts.tools)
+        output = self.llm.generate([prompt], self._params(opts, prompt, None),
+                                   salt=opts.salt)[0]  # fmt: skip
+        return _completion(output, self._tool_parser(opts))
 
     def stream(self, prompt: str | Sequence[int] | None = None, *,
                messages: Messages | None = None, **options: Any) -> Iterator[Chunk]:
         """Pieces of choice 0 after every engine step; closing early aborts the request."""
         opts = GenerationOptions(**options)
+        parser = None
         if messages is not None:
-            prompt, default = self.llm.render_chat(messages), None
+            prompt, default = self.llm.render_chat(messages, opts.tools), None
+            parser = self._tool_parser(opts)
         elif prompt is not None:
             default = COMPLETION_DEFAULT_MAX_TOKENS
         else:
             raise ValueError("give a prompt or messages")
         token_ids = self.llm.encode(prompt)
         params = self._params(opts, token_ids, default)
+        calls = ToolCallStream(parser) if parser is not None else None
         self.llm.check_request(token_ids, params, opts.salt)
         request_id = f"local-{next(self._ids)}"
         engine = self.llm.engine
@@ -67,7 +80,9 @@ class LocalClient:
                         raise RuntimeError(f"the request could not complete: {output.error}")
                     text = output.text
                     finished = output.finished
-                    if finished:
+                    if calls is not None:
+                        yield from _call_chunks(calls, text[sent:], output, finished)
+                    elif finished:
                         yield Chunk(text[sent:], output.finish_reason, _usage(output))
                     elif len(text) > sent:
                         yield Chunk(text[sent:])
@@ -112,13 +127,26 @@ class LocalClient:
             raise ValueError("give exactly one of prompt or messages")
         return self.llm.render_chat(messages) if messages is not None else prompt
 
+    @property
+    def parser(self) -> str:
+        """The format this model writes tool calls in (what its chat template shows)."""
+        template = self.llm.chat_template
+        return parser_for_template(template.source if template else None)
+
+    def _tool_parser(self, opts: GenerationOptions) -> str | None:
+        return self.parser if opts.tools and opts.tool_choice != "none" else None
+
     def _params(self, opts: GenerationOptions, prompt: str | Sequence[int],
                 default_max_tokens: int | None) -> Any:
         prompt_tokens = len(self.llm.encode(prompt))
         pool_tokens = self.llm.cache.num_blocks * self.llm.cache.block_size
         room = min(self.llm.max_model_len, pool_tokens) - prompt_tokens  # unset: what fits
         default = room if default_max_tokens is None else min(default_max_tokens, room)
-        return opts.sampling_params(max(default, 1))
+        structured, _ = structure_of(
+            structured_outputs=opts.structured_outputs, response_format=opts.response_format,
+            tools=opts.tools, tool_choice=opts.tool_choice,
+            parallel_tool_calls=opts.parallel_tool_calls is not False, parser=self.parser)
+        return opts.sampling_params(max(default, 1), structured)
 
 
 def _usage(output: RequestOutput) -> Usage:
@@ -127,6 +155,30 @@ def _usage(output: RequestOutput) -> Usage:
                  cached_tokens=output.num_cached_tokens)
 
 
-def _completion(output: RequestOutput) -> Completion:
-    return Completion([c.text for c in output.outputs], [c.finish_reason for c in output.outputs],
-                      _usage(output))
+def _completion(output: RequestOutput, parser: str | None = None) -> Completion:
+    """The SDK's result; with a tool-call ``parser`` each reply's calls are parsed out."""
+    texts, reasons, calls = [], [], []
+    for c in output.outputs:
+        if parser is None:
+            texts.append(c.text)
+            reasons.append(c.finish_reason)
+            continue
+        message, reason = reply_message(c.text, parser, c.finish_reason)
+        texts.append(message.content or "")
+        reasons.append(reason)
+        calls.append([call.model_dump() for call in message.tool_calls or []])
+    return Completion(texts, reasons, _usage(output), calls if any(calls) else [])
+
+
+def _call_chunks(calls: ToolCallStream, delta: str, output: RequestOutput,
+                 finished: bool) -> Iterator[Chunk]:
+    """The chunks of a step of a chat with tools: content and call deltas, then the finish
+    ("tool_calls" when the reply ended on its own with calls) with the usage."""
+    for piece in calls.feed(delta, finished):
+        yield Chunk(piece.content or "", tool_calls=[d.model_dump(exclude_none=True)
+                                                     for d in piece.tool_calls or []])
+    if finished:
+        reason = output.finish_reason
+        if calls.made_calls and reason == "stop":
+            reason = TOOL_CALLS_FINISH
+        yield Chunk("", reason, _usage(output))

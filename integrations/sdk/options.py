@@ -7,14 +7,17 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from prefixcache.engine.sampling_params import SamplingParams
+from prefixcache.engine.structured_output import StructuredOutput
 
 
 @dataclass(frozen=True)
 class GenerationOptions:
-    """The OpenAI sampling fields the SDK passes through (None: the server's default).
+    """The OpenAI fields the SDK passes through (None: the server's default).
 
     ``stop`` may be given as one string or a list of strings (None: no stop string), as in the
-    OpenAI API; it is stored as a list, so a single string stays one stop string."""
+    OpenAI API; it is stored as a list, so a single string stays one stop string. ``tools``,
+    ``tool_choice``, ``parallel_tool_calls``, ``response_format`` and ``structured_outputs``
+    (vLLM's) are OpenAI's chat fields, passed as given."""
 
     max_tokens: int | None = None
     temperature: float | None = None
@@ -23,6 +26,11 @@ class GenerationOptions:
     n: int = 1
     stop: list[str] = field(default_factory=list)
     salt: str | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
+    response_format: dict[str, Any] | None = None
+    structured_outputs: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "stop", stop_strings(self.stop))
@@ -36,13 +44,14 @@ class GenerationOptions:
             fields["cache_salt"] = self.salt
         return fields
 
-    def sampling_params(self, default_max_tokens: int) -> SamplingParams:
+    def sampling_params(self, default_max_tokens: int,
+                        structured: StructuredOutput | None = None) -> SamplingParams:
         """Engine params for in-process calls (raises TypeError/ValueError like the engine)."""
         return SamplingParams(
             max_tokens=self.max_tokens if self.max_tokens is not None else default_max_tokens,
             temperature=1.0 if self.temperature is None else self.temperature,
             top_p=1.0 if self.top_p is None else self.top_p,
-            seed=self.seed, n=self.n, stop=list(self.stop),
+            seed=self.seed, n=self.n, stop=list(self.stop), structured=structured,
         )
 
 

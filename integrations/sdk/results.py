@@ -31,13 +31,20 @@ class Usage:
         )
 
 
+ToolCall = dict[str, Any]
+"""A call as OpenAI sends one: ``{"id", "type": "function", "function": {"name",
+"arguments"}}``, the arguments the JSON text of an object."""
+
+
 @dataclass(frozen=True)
 class Completion:
-    """A finished call: ``texts[i]`` is choice ``i``; ``text`` is the first."""
+    """A finished call: ``texts[i]`` is choice ``i``; ``text`` is the first. A chat reply's
+    calls are ``choice_tool_calls[i]`` (``tool_calls``: the first choice's; empty without)."""
 
     texts: list[str]
     finish_reasons: list[str | None]
     usage: Usage = field(default_factory=Usage)
+    choice_tool_calls: list[list[ToolCall]] = field(default_factory=list)
 
     @property
     def text(self) -> str:
@@ -47,6 +54,10 @@ class Completion:
     def finish_reason(self) -> str | None:
         return self.finish_reasons[0]
 
+    @property
+    def tool_calls(self) -> list[ToolCall]:
+        return self.choice_tool_calls[0] if self.choice_tool_calls else []
+
     @classmethod
     def from_openai(cls, body: dict[str, Any]) -> Completion:
         """From a /v1/completions or /v1/chat/completions response body."""
@@ -55,15 +66,19 @@ class Completion:
             choice["text"] if "text" in choice else (choice["message"].get("content") or "")
             for choice in choices
         ]
+        calls = [list((choice.get("message") or {}).get("tool_calls") or []) for choice in choices]
         return cls(texts, [c.get("finish_reason") for c in choices],
-                   Usage.from_openai(body.get("usage")))
+                   Usage.from_openai(body.get("usage")), calls if any(calls) else [])
 
 
 @dataclass(frozen=True)
 class Chunk:
-    """One streamed piece of choice 0: new ``text``; the last chunk, and only it, has
-    ``finish_reason`` and, where the server reports it, ``usage``."""
+    """One streamed piece of choice 0: new ``text`` and call deltas (``tool_calls``, as
+    OpenAI streams them: ``{"index", "id"?, "type"?, "function": {"name"?, "arguments"?}}``);
+    the last chunk, and only it, has ``finish_reason`` and, where the server reports it,
+    ``usage``."""
 
     text: str
     finish_reason: str | None = None
     usage: Usage | None = None
+    tool_calls: list[dict[str, Any]] = field(default_factory=list)

@@ -8,6 +8,8 @@ prompt starts with the previous turn's prompt plus its reply, and the server fin
 
 from __future__ import annotations
 
+import contextlib
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -24,13 +26,15 @@ class ChatClient(Protocol):
 
 @dataclass(frozen=True)
 class Turn:
-    """One model call: the reply and how much of its prompt was served from the cache."""
+    """One model call: the reply (its text and, with native tools, its calls) and how much of
+    its prompt was served from the cache."""
 
     reply: str
     prompt_tokens: int
     cached_tokens: int
     completion_tokens: int
     finish_reason: str | None
+    tool_calls: tuple[dict[str, Any], ...] = ()
 
     @property
     def cached_fraction(self) -> float:
@@ -114,15 +118,27 @@ class Session:
     failed call appends nothing, so it can simply be retried. ``add_tool_result`` appends a
     tool message whose content is the canonical JSON of the result. Every ``add_*`` checks
     its input before appending: what cannot be rendered never enters the history. ``options``
-    (max_tokens, temperature, salt...) apply to every call."""
+    (max_tokens, temperature, salt...) apply to every call.
+
+    ``tools`` are written into the system message as canonical JSON, which any server and any
+    template take. With ``native_tools`` they go to the server as OpenAI's ``tools`` instead
+    (canonical, so every call renders them the same): the model's calls come back parsed
+    (``Turn.tool_calls``; ``tool_choice`` and ``parallel_tool_calls`` pass as options) and
+    join the history as an assistant message with ``tool_calls``, arguments canonical."""
 
     def __init__(self, client: ChatClient, system: str = "",
-                 tools: Sequence[Mapping[str, Any]] | None = (), **options: Any) -> None:
+                 tools: Sequence[Mapping[str, Any]] | None = (), *,
+                 native_tools: bool = False, **options: Any) -> None:  # fmt: skip
         self.client = client
         self.options = options
+        self.native_tools = native_tools
+        checked = check_tools(tools)
+        self._tools = [json.loads(canonical_json(dict(t))) for t in checked] if native_tools \
+            else []  # fmt: skip
         self._messages: list[dict[str, Any]] = []
-        if system or tools:
-            self._messages.append(system_message(system, tools))
+        shown = () if native_tools else checked
+        if system or shown:
+            self._messages.append(system_message(system, shown))
         self.turns: list[Turn] = []
 
     @property
@@ -162,17 +178,34 @@ class Session:
     def _call(self, pending: list[dict[str, Any]], options: Mapping[str, Any]) -> Turn:
         """Call the model on the history plus ``pending``; on success append ``pending`` and
         the reply, record and return the ``Turn``."""
+        tools = {"tools": self._tools} if self._tools else {}
         completion = self.client.chat([*self._messages, *pending],
-                                      **{**self.options, **options})
-        self._messages.extend([*pending, {"role": "assistant", "content": completion.text}])
+                                      **{**tools, **self.options, **options})
+        reply: dict[str, Any] = {"role": "assistant", "content": completion.text}
+        calls = tuple(canonical_call(call) for call in completion.tool_calls)
+        if calls:
+            reply = {"role": "assistant", "content": completion.text or None,
+                     "tool_calls": [dict(call) for call in calls]}  # fmt: skip
+        self._messages.extend([*pending, reply])
         usage = completion.usage
         turn = Turn(completion.text, usage.prompt_tokens, usage.cached_tokens,
-                    usage.completion_tokens, completion.finish_reason)
+                    usage.completion_tokens, completion.finish_reason, calls)
         self.turns.append(turn)
         return turn
 
     def fork(self) -> Session:
-        """A branch with the same history and options; the two diverge from here on."""
-        branch = Session(self.client, **self.options)
+        """A branch with the same history, tools and options; the two diverge from here on."""
+        branch = Session(self.client, native_tools=self.native_tools, **self.options)
+        branch._tools = [dict(tool) for tool in self._tools]
         branch._messages = [copy_message(message) for message in self._messages]
         return branch
+
+
+def canonical_call(call: Mapping[str, Any]) -> dict[str, Any]:
+    """An OpenAI tool call with its arguments as canonical JSON (arguments that are not JSON
+    are kept as they are)."""
+    function = dict(call.get("function") or {})
+    arguments = function.get("arguments", "{}")
+    with contextlib.suppress(TypeError, ValueError):  # else kept as the model wrote them
+        function["arguments"] = canonical_json(json.loads(arguments))
+    return {"id": call.get("id"), "type": "function", "function": function}

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import httpx
@@ -23,6 +24,23 @@ class APIError(RuntimeError):
         super().__init__(f"{status}: {message}")
         self.status, self.message = status, message
         self.error_type, self.param, self.code = error_type, param, code
+
+
+class APITimeoutError(APIError):
+    """No answer within the client's timeout (status 408: the request may still be running
+    on the server; a stream closed by it is aborted there)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(408, message, "timeout")
+
+
+@contextlib.contextmanager
+def timeouts_as_api_errors() -> Iterator[None]:
+    """httpx's timeouts (connect, read, write, pool) raised as ``APITimeoutError``."""
+    try:
+        yield
+    except httpx.TimeoutException as error:
+        raise APITimeoutError(f"no answer within the client's timeout: {error!r}") from error
 
 
 def raise_for_error(response: httpx.Response) -> None:
@@ -116,9 +134,10 @@ def chunk_from_event(payload: dict[str, Any]) -> Chunk | None:
         if choice.get("index", 0) != 0:
             continue
         text = choice.get("text")
+        delta = choice.get("delta") or {}
         if text is None:
-            text = (choice.get("delta") or {}).get("content") or ""
-        return Chunk(text, choice.get("finish_reason"), usage)
+            text = delta.get("content") or ""
+        return Chunk(text, choice.get("finish_reason"), usage, list(delta.get("tool_calls") or []))
     return Chunk("", None, usage) if usage is not None else None
 
 
@@ -152,9 +171,10 @@ class StreamAssembler:
         if self._final is not None:
             return []
         if chunk.finish_reason is not None:
-            self._final = Chunk(chunk.text, chunk.finish_reason)
+            self._final = Chunk(chunk.text, chunk.finish_reason, None, chunk.tool_calls)
             return []
-        return [Chunk(chunk.text)] if chunk.text else []
+        return [Chunk(chunk.text, tool_calls=chunk.tool_calls)] if chunk.text or \
+            chunk.tool_calls else []  # fmt: skip
 
     def close(self) -> list[Chunk]:
         """The held-back last chunk (none if nothing finished and no usage came); call once the
@@ -164,4 +184,4 @@ class StreamAssembler:
         self._final = self._usage = None
         if final is None:
             return [] if usage is None else [Chunk("", None, usage)]
-        return [Chunk(final.text, final.finish_reason, usage)]
+        return [Chunk(final.text, final.finish_reason, usage, final.tool_calls)]

@@ -32,3 +32,24 @@ def engine(tiny_chat_dir: Path) -> Iterator[AsyncLLM]:
 def server(engine: AsyncLLM) -> Iterator[BackgroundServer]:
     with BackgroundServer(build_app(engine, model_name=SERVED_NAME, max_pending=64)) as running:
         yield running
+
+
+@pytest.fixture(scope="session")
+def tiny_tools_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny chat model with room for tools' instructions (its byte-sized vocabulary spends
+    ~700 tokens on them): a 4,096-token context."""
+    folder = make_tiny_model_dir(tmp_path_factory.mktemp("tiny-tools"), "llama",
+                                 max_position_embeddings=4096)  # fmt: skip
+    (folder / "chat_template.jinja").write_text(CHATML_TEMPLATE)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def tools_server(tiny_tools_dir: Path) -> Iterator[BackgroundServer]:
+    """A live server on the tiny tools model."""
+    engine = AsyncLLM(make_llm(tiny_tools_dir, num_blocks=1024, block_size=16))
+    try:
+        with BackgroundServer(build_app(engine, model_name=SERVED_NAME)) as running:
+            yield running
+    finally:
+        engine.shutdown()

@@ -9,26 +9,16 @@ every malformed request is a 400 naming its field."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 import jsonschema_rs
 import openai
 import pytest
-from integration_helpers import (
-    CHATML_TEMPLATE,
-    SERVED_NAME,
-    assert_openai_error,
-    assert_server_clean,
-)
+from integration_helpers import SERVED_NAME, assert_openai_error, assert_server_clean
 from openai.lib.streaming.chat import ChatCompletionStreamState
-from tiny_model_factory import make_tiny_model_dir
 
-from prefixcache.engine.async_llm import AsyncLLM
-from prefixcache.engine.llm import LLM
 from prefixcache.engine.tool_prompt import tool_call_grammar
-from prefixcache.integrations.server import BackgroundServer, build_app
+from prefixcache.integrations.server import BackgroundServer
 
 WEATHER = {"type": "object", "properties": {
     "city": {"type": "string", "maxLength": 12},
@@ -42,18 +32,8 @@ MESSAGES = [{"role": "user", "content": "weather in Paris?"}]
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BackgroundServer]:
-    """A tiny chat model with room for the tools' instructions (its byte-sized vocabulary
-    spends ~700 tokens on them)."""
-    folder: Path = make_tiny_model_dir(tmp_path_factory.mktemp("tiny-tools"), "llama",
-                                       max_position_embeddings=4096)  # fmt: skip
-    (folder / "chat_template.jinja").write_text(CHATML_TEMPLATE)
-    engine = AsyncLLM(LLM(str(folder), dtype="float32", num_blocks=1024, block_size=16))
-    try:
-        with BackgroundServer(build_app(engine, model_name=SERVED_NAME)) as running:
-            yield running
-    finally:
-        engine.shutdown()
+def server(tools_server: BackgroundServer) -> BackgroundServer:
+    return tools_server
 
 
 @pytest.fixture
