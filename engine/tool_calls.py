@@ -11,7 +11,10 @@ OpenAI's ``tool_calls`` (vLLM's parser names).
   ``[get_weather(city="Paris", days=3), ...]``, literal values only.
 
 A reply that does not parse as calls in its format — a broken JSON object, an unknown shape —
-stays text: a malformed call is never an error and never half a call. Pure Python.
+stays text: a malformed call is never an error and never half a call. A call that repeats an
+earlier call of the same reply exactly (name and arguments) is dropped: that is a small model
+looping (SmolLM2-135M, forced to call, made the same call two or three times), not a second
+request. Pure Python.
 """
 
 from __future__ import annotations
@@ -57,7 +60,8 @@ def parse_tool_calls(text: str, parser: str) -> ParsedReply:
     found = PARSERS[parser](text)
     if found is None or not found.tool_calls:
         return ParsedReply(text)
-    return ParsedReply(found.content, tuple(call.with_id() for call in found.tool_calls))
+    unique = list(dict.fromkeys(found.tool_calls))  # calls have no id yet: equal = repeated
+    return ParsedReply(found.content, tuple(call.with_id() for call in unique))
 
 
 def _call_of(obj: Any, arguments_key: str = "arguments") -> ToolCall | None:

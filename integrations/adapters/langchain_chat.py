@@ -11,6 +11,7 @@ JSON mode), and ``usage_metadata`` reporting cached tokens as ``input_token_deta
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -37,6 +38,8 @@ from prefixcache.integrations.sdk import APIError, Client
 from prefixcache.integrations.sdk.results import Completion, Usage
 
 RETRIED_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
+BASE_URL_ENV = "PREFIXCACHE_BASE_URL"
+API_KEY_ENV = "PREFIXCACHE_API_KEY"
 
 
 def usage_metadata(usage: Usage) -> UsageMetadata:
@@ -71,7 +74,9 @@ def ai_message(completion: Completion, model_name: str | None) -> AIMessage:
 class PrefixCacheChatModel(BaseChatModel):
     """Chat model whose calls go through ``client`` (anything with the SDK's ``chat`` and
     ``stream``), or through an HTTP ``Client`` built from ``base_url`` / ``api_key`` /
-    ``model`` / ``timeout``. Sampling fields left None use the server's defaults. ``stop``
+    ``model`` / ``timeout`` (``base_url`` and ``api_key`` default to the environment's
+    ``PREFIXCACHE_BASE_URL`` and ``PREFIXCACHE_API_KEY``, as the server reads the key). Sampling
+    fields left None use the server's defaults. ``stop``
     joins every call's own stop strings; ``max_retries`` retries a call the server answered
     408, 429 or 5xx (a stream only before its first piece), with exponential backoff."""
 
@@ -93,8 +98,10 @@ class PrefixCacheChatModel(BaseChatModel):
     @model_validator(mode="after")
     def _client_from_url(self) -> PrefixCacheChatModel:
         if self.client is None:
+            self.base_url = self.base_url or os.environ.get(BASE_URL_ENV)
+            self.api_key = self.api_key or os.environ.get(API_KEY_ENV)
             if self.base_url is None:
-                raise ValueError("give a client or a base_url")
+                raise ValueError(f"give a client or a base_url (or set {BASE_URL_ENV})")
             self.client = Client(self.base_url, api_key=self.api_key, model=self.model_name,
                                  timeout=self.timeout or 120.0)  # fmt: skip
         return self
@@ -117,7 +124,8 @@ class PrefixCacheChatModel(BaseChatModel):
     def _get_ls_params(self, stop: list[str] | None = None, **kwargs: Any) -> LangSmithParams:
         params = super()._get_ls_params(stop=stop, **kwargs)
         params["ls_provider"] = "prefixcache"
-        params["ls_model_name"] = self.model_name or getattr(self.client, "model", "")
+        params["ls_model_name"] = kwargs.get("model") or self.model_name or \
+            getattr(self.client, "model", "")  # fmt: skip
         return params
 
     # ------------------------------------------------------------------ tools and structure
@@ -126,7 +134,9 @@ class PrefixCacheChatModel(BaseChatModel):
                    parallel_tool_calls: bool | None = None,
                    **kwargs: Any) -> Runnable[LanguageModelInput, AIMessage]:
         """Bind OpenAI-format tools (any LangChain tool, function or schema); ``tool_choice``
-        "auto", "none", "required" ("any" and True mean it too), or a tool's name."""
+        "auto", "none", "required" ("any" and True mean it too), or a tool's name. A forced
+        call ("required") is one call unless ``parallel_tool_calls=True``: the server makes a
+        forced reply a grammar of calls, and a small model would go on calling."""
         formatted = [convert_to_openai_tool(tool) for tool in tools]
         if tool_choice in ("any", True):
             tool_choice = "required"
@@ -135,6 +145,8 @@ class PrefixCacheChatModel(BaseChatModel):
         bound: dict[str, Any] = {"tools": formatted, **kwargs}
         if tool_choice is not None and tool_choice is not False:
             bound["tool_choice"] = tool_choice
+        if parallel_tool_calls is None and tool_choice == "required":
+            parallel_tool_calls = False
         if parallel_tool_calls is not None:
             bound["parallel_tool_calls"] = parallel_tool_calls
         return self.bind(**bound)
@@ -172,6 +184,7 @@ class PrefixCacheChatModel(BaseChatModel):
 
     # ------------------------------------------------------------------ calls
     def _options(self, stop: list[str] | None, **kwargs: Any) -> dict[str, Any]:
+        kwargs.pop("model", None)  # one model a server: a per-call name is only reported
         options = {"max_tokens": self.max_tokens, "temperature": self.temperature,
                    "top_p": self.top_p, "seed": self.seed, "salt": self.cache_salt,
                    "stop": [*(self.stop or []), *(stop or [])]}

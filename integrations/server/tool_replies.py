@@ -59,6 +59,7 @@ class ToolCallStream:
         self.sent = 0  # characters of it sent as content
         self.held_from: int | None = None  # where a possible call starts
         self.calls = 0  # calls sent
+        self.sent_calls: set[tuple[str, str]] = set()  # (name, arguments): repeats are dropped
         self.parsed_to = 0  # characters parsed into calls (Hermes blocks)
 
     @property
@@ -130,7 +131,11 @@ class ToolCallStream:
         return out
 
     def _call_deltas(self, call: ToolCall) -> list[StreamDelta]:
-        """A call as OpenAI streams one: its id, type and name, then its arguments."""
+        """A call as OpenAI streams one: its id, type and name, then its arguments (nothing
+        for a repeat of a call already sent, as ``parse_tool_calls`` drops it)."""
+        if (call.name, call.arguments) in self.sent_calls:
+            return []
+        self.sent_calls.add((call.name, call.arguments))
         index = self.calls
         self.calls += 1
         head = p.ToolCallDelta(index=index, id=call.id, type="function",

@@ -86,3 +86,10 @@ def test_tool_grammars_and_their_errors() -> None:
         tool_call_grammar(TOOLS, "pythonic")
     with pytest.raises(ValueError, match=r"tools\[0\]"):
         tool_functions([{"type": "function", "function": {"description": "no name"}}])
+
+
+def test_a_repeated_call_is_dropped() -> None:
+    block = '<tool_call>{"name": "a", "arguments": {"x": 1}}</tool_call>'
+    other = '<tool_call>{"name": "a", "arguments": {"x": 2}}</tool_call>'
+    assert calls("\n".join([block, block, other, block]), "hermes") == [("a", {"x": 1}),
+                                                                        ("a", {"x": 2})]

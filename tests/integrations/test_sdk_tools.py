@@ -120,7 +120,8 @@ def test_langchain_with_structured_output(tools_server: BackgroundServer, method
     assert raw["parsing_error"] is None and isinstance(raw["parsed"], Answer)
 
 
-def test_langchain_honours_stop_timeout_and_retries(tools_server: BackgroundServer) -> None:
+def test_langchain_honours_stop_timeout_and_retries(tools_server: BackgroundServer,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     slow = PrefixCacheChatModel(base_url=tools_server.base_url, model=SERVED_NAME,
                                 max_tokens=2000, timeout=0.001, max_retries=0)  # fmt: skip
     with pytest.raises(APITimeoutError):
@@ -140,5 +141,6 @@ def test_langchain_honours_stop_timeout_and_retries(tools_server: BackgroundServ
 
     chat = PrefixCacheChatModel(client=Flaky(), stop=["STOP"], max_retries=1)
     assert chat.invoke("hi", stop=["END"]).content == "fine" and Flaky.calls == 2
+    monkeypatch.delenv("PREFIXCACHE_BASE_URL", raising=False)
     with pytest.raises(ValueError, match="client or a base_url"):
         PrefixCacheChatModel()
