@@ -162,7 +162,7 @@ class LLM:
         eos = tuple(self.tokenizer.eos_token_ids or self.config.eos_token_ids)
         # a quarter of the pool per tenant at most in TTL pins (cache_control)
         self.ttl_pins = TtlPins(self.cache, max(1, num_blocks // TTL_PIN_SHARE))
-        self.grammars = GrammarCompiler(self.tokenizer.backend.to_str(), self.config.vocab_size,
+        self.grammars = GrammarCompiler(self.tokenizer.backend.to_str, self.config.vocab_size,
                                         eos)  # fmt: skip
         self.engine = EngineCore(
             scheduler, runner, self.tokenizer.decode, eos, self.max_model_len,

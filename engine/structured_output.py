@@ -21,7 +21,7 @@ import functools
 import json
 import threading
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -100,10 +100,11 @@ class StructuredOutput:
 
 
 class GrammarCompiler:
-    """Compiles ``StructuredOutput``s for one model's tokenizer (``tokenizer_json``: the
-    tokenizers library's JSON of it) over ``vocab_size`` logits; thread-safe."""
+    """Compiles ``StructuredOutput``s for one model's tokenizer (``tokenizer_json()`` gives the
+    tokenizers library's JSON of it, asked for at the first compile) over ``vocab_size``
+    logits; thread-safe."""
 
-    def __init__(self, tokenizer_json: str, vocab_size: int,
+    def __init__(self, tokenizer_json: Callable[[], str], vocab_size: int,
                  eos_token_ids: Sequence[int]) -> None:  # fmt: skip
         self._tokenizer_json = tokenizer_json
         self.vocab_size = vocab_size
@@ -154,7 +155,7 @@ class GrammarCompiler:
         with self._lock:
             if self._tokenizer is None:
                 self._tokenizer = llguidance.LLTokenizer(
-                    self._tokenizer_json, n_vocab=self.vocab_size,
+                    self._tokenizer_json(), n_vocab=self.vocab_size,
                     eos_token=self.eos_token_ids or None,
                 )  # fmt: skip
             return self._tokenizer
