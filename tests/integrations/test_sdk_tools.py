@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Literal
 
 import pytest
 from integration_helpers import SERVED_NAME, make_llm
@@ -30,6 +31,10 @@ class Answer(BaseModel):
     model_config = ConfigDict(extra="forbid")  # a closed schema: a small model cannot wander
     word: str = Field(max_length=6)
     score: int = Field(ge=0, le=9)
+
+
+class WeatherArgs(BaseModel):
+    city: Literal["Oslo", "Paris"]  # an enum: even a random model ends the string
 
 
 def check_call(call: dict) -> None:
@@ -144,3 +149,32 @@ def test_langchain_honours_stop_timeout_and_retries(tools_server: BackgroundServ
     monkeypatch.delenv("PREFIXCACHE_BASE_URL", raising=False)
     with pytest.raises(ValueError, match="client or a base_url"):
         PrefixCacheChatModel()
+
+
+def test_llamaindex_function_calling(tools_server: BackgroundServer) -> None:
+    from llama_index.core.base.llms.types import ChatMessage
+    from llama_index.core.tools import FunctionTool
+
+    from prefixcache.integrations.adapters.llamaindex_llm import PrefixCacheLLM
+
+    seen = []
+
+    def get_weather(city: str) -> str:
+        """The weather of a city."""
+        seen.append(city)
+        return "snow"
+
+    tool = FunctionTool.from_defaults(fn=get_weather, fn_schema=WeatherArgs)
+    llm = PrefixCacheLLM.from_url(tools_server.base_url, model=SERVED_NAME, max_tokens=200,
+                                  temperature=0)  # fmt: skip
+    assert llm.metadata.is_function_calling_model
+    output = llm.predict_and_call([tool], "weather in Oslo?", tool_required=True)
+    assert output.response == "snow" and len(seen) == 1
+    streamed = list(llm.stream_chat_with_tools([tool], "weather in Oslo?", tool_required=True))
+    (selection,) = llm.get_tool_calls_from_response(streamed[-1])
+    assert selection.tool_name == "get_weather" and set(selection.tool_kwargs) == {"city"}
+    history = [ChatMessage(role="user", content="weather in Oslo?"), streamed[-1].message,
+               ChatMessage(role="tool", content="snow",
+                           additional_kwargs={"tool_call_id": selection.tool_id})]
+    again = llm.chat(history, max_tokens=2)  # the call and its result go back into the prompt
+    assert again.raw["usage"]["cached_tokens"] > 0
