@@ -176,7 +176,7 @@ class EngineCore:
             if all(g.params.greedy and not g.params.needs_logits for g in groups):
                 greedy = self.runner.execute_greedy(out)  # [num_sampled] token ids
             else:
-                constrained = [(row, r.matcher) for row, r in enumerate(sampled)
+                constrained = [(row, r.matcher, r.params.greedy) for row, r in enumerate(sampled)
                                if r.matcher is not None]  # fmt: skip
                 # the grammars' masks are computed while the model runs the step
                 masks = GrammarMasks(constrained, self.vocab_size) if constrained else None

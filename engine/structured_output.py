@@ -162,28 +162,50 @@ class GrammarCompiler:
 
 
 class GrammarMasks:
-    """The next-token masks of a step's constrained rows, computed on a thread of their own
-    while the model runs the step (llguidance releases the GIL): ``start`` before the forward,
-    ``apply`` to its logits after. ``rows`` are the rows' indices in the step's logits."""
+    """What a step's constrained rows may sample next. A sampling row needs its whole mask:
+    those are computed on a thread of their own while the model runs the step (llguidance
+    releases the GIL), started when this is built, before the forward. A greedy row needs
+    only to know whether its argmax is allowed — if it is, it is the argmax of the allowed
+    tokens too (ties included: the lowest id wins both) — so its matcher is asked about that
+    one token, and a mask is computed only when the answer is no. Inside a JSON string, where
+    nearly every token is allowed, a greedy row then costs one token check instead of a mask.
 
-    def __init__(self, rows: Sequence[tuple[int, Any]], vocab: int) -> None:
-        self.rows = [row for row, _ in rows]
+    ``rows``: ``(row in the step's logits, matcher, greedy)``."""
+
+    def __init__(self, rows: Sequence[tuple[int, Any, bool]], vocab: int) -> None:
         self.words = (vocab + 31) // 32
         self.vocab = vocab
-        matchers = [matcher for _, matcher in rows]
-        self._future = _mask_thread().submit(_fill_masks, matchers, self.words)
+        self.sampled = [(row, matcher) for row, matcher, greedy in rows if not greedy]
+        self.greedy = [(row, matcher) for row, matcher, greedy in rows if greedy]
+        self._future = _mask_thread().submit(
+            _fill_masks, [m for _, m in self.sampled], self.words) if self.sampled else None
 
     def apply(self, logits: torch.Tensor) -> None:  # [rows, vocab] float32, in place
-        """Set to -inf every token a row's matcher does not allow next (a matcher in an
-        error state allows nothing: the row's sampler then falls back to its argmax)."""
-        bitmask = self._future.result()  # [n, words] int32, 1 bit a token, little end
+        """Set to -inf every token a row's matcher does not allow next, where it matters (a
+        matcher in an error state allows nothing: the row's sampler then falls back to its
+        argmax)."""
+        masked = list(self.sampled)
+        bitmask = self._future.result() if self._future is not None else \
+            np.zeros((0, self.words), dtype=np.int32)  # fmt: skip
+        if self.greedy:
+            top = logits[[row for row, _ in self.greedy]].argmax(dim=-1).tolist()
+            refused = [(row, matcher) for (row, matcher), token in zip(self.greedy, top,
+                                                                        strict=True)
+                       if matcher.is_error() or matcher.validate_tokens([token]) != 1]
+            if refused:
+                masked += refused
+                bitmask = np.concatenate([bitmask, _fill_masks([m for _, m in refused],
+                                                               self.words)])  # fmt: skip
+        if not masked:
+            return
         # the bits of the inverted mask, one byte each, read as bools: one pass
         bits = np.unpackbits(~bitmask.view(np.uint8), axis=1, bitorder="little")
         blocked = torch.from_numpy(bits[:, : self.vocab]).view(torch.bool)  # [n, vocab]
-        if self.rows == list(range(logits.shape[0])):  # every row: in place
+        rows = [row for row, _ in masked]
+        if rows == list(range(logits.shape[0])):  # every row: in place
             logits.masked_fill_(blocked, float("-inf"))
         else:
-            index = torch.tensor(self.rows)
+            index = torch.tensor(rows)
             logits[index] = logits[index].masked_fill_(blocked, float("-inf"))
 
 
