@@ -19,6 +19,7 @@ SUBCOMMAND_MODULES: tuple[str, ...] = (
     "prefixcache.integrations.cli_bench",
     "prefixcache.integrations.cli_serve",
     "prefixcache.integrations.cli_doctor",
+    "prefixcache.integrations.cli_simulate",
 )
 
 

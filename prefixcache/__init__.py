@@ -5,10 +5,11 @@ Pure Python (+ numpy, xxhash, sortedcontainers); never imports torch. See README
 
 from prefixcache.cache import CopyOp, PrefixCache, PrefixMatch
 from prefixcache.errors import CacheFull, PrefixCacheError
-from prefixcache.events import BlockRemoved, BlockStored, CacheEvent
+from prefixcache.events import AllBlocksCleared, BlockRemoved, BlockStored, CacheEvent
 from prefixcache.hashing import BlockHasher, xxh3_block_hasher
 
 __all__ = [
+    "AllBlocksCleared",
     "BlockHasher",
     "BlockRemoved",
     "BlockStored",

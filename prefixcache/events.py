@@ -22,4 +22,9 @@ class BlockRemoved:
     block_hashes: list[int]
 
 
-CacheEvent = BlockStored | BlockRemoved
+@dataclass(frozen=True)
+class AllBlocksCleared:
+    """Every block left the cache (a reset or a restart): forget all of this cache's blocks."""
+
+
+CacheEvent = BlockStored | BlockRemoved | AllBlocksCleared
