@@ -248,6 +248,7 @@ class AsyncLLM:
             loaded.result().flush_tiers()
         except Exception:
             logger.exception("the disk KV tier could not finish its writes")
+        loaded.result().close()
 
     def _handle(self, kind: str, payload: Any) -> None:
         engine = self.llm.engine

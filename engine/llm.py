@@ -25,6 +25,7 @@ from prefixcache.engine.engine_options import (
 )
 from prefixcache.engine.host_kv_tier import HostKVTier
 from prefixcache.engine.kv_cache import PagedKVCache, blocks_for_memory, kv_bytes_per_block
+from prefixcache.engine.kv_event_publisher import KVEventPublisher, check_endpoint
 from prefixcache.engine.kv_tier_codec import tier_codec, tier_storage_dtype
 from prefixcache.engine.kv_tiers import KVTiers
 from prefixcache.engine.model_registry import DEFAULT_MODEL, load_model
@@ -71,6 +72,9 @@ class LLM:
     waits and the others run. ``kv_tier_dtype`` "fp8" or "int8" (under a float pool) stores the
     tiers' blocks quantized: about twice the blocks in the same bytes, at a quantized pool's
     precision (``prefixcache.engine.kv_tier_codec``); "auto" keeps the pool's dtype, exact.
+    ``kv_events`` ("tcp://127.0.0.1:5557") publishes every block the pool caches or evicts
+    over ZeroMQ in vLLM's KV-event format, for a cache-aware router; ``kv_events_replay``
+    adds the socket that resends missed batches (``prefixcache.engine.kv_event_publisher``).
     """
 
     def __init__(
@@ -94,8 +98,17 @@ class LLM:
         kv_disk_size: int | str | None = None,
         kv_remote: str | None = None,
         kv_tier_dtype: str = "auto",
+        kv_events: str | None = None,
+        kv_events_replay: str | None = None,
+        kv_events_topic: str = "",
     ) -> None:
         check_int_option("block_size", block_size)
+        if kv_events is not None:
+            check_endpoint("kv_events", kv_events)
+        if kv_events_replay is not None:
+            if kv_events is None:
+                raise ValueError("kv_events_replay needs kv_events")
+            check_endpoint("kv_events_replay", kv_events_replay)
         host_memory = parse_memory_size("kv_host_memory", kv_host_memory)
         disk_size = parse_memory_size("kv_disk_size", kv_disk_size)
         if disk_size is not None and kv_disk_dir is None:
@@ -113,7 +126,15 @@ class LLM:
         if num_threads is not None:
             torch.set_num_threads(num_threads)
         self.device = resolve_device(device)
-        loaded = load_model(model, dtype=compute_dtype, device=self.device)
+        # bound before the model loads: a busy port fails in a second, not after minutes
+        self.kv_events: KVEventPublisher | None = None
+        if kv_events is not None:
+            self.kv_events = KVEventPublisher(kv_events, kv_events_replay, kv_events_topic)
+        try:
+            loaded = load_model(model, dtype=compute_dtype, device=self.device)
+        except BaseException:
+            self.close()
+            raise
         self.model_name = str(model)
         self.config = loaded.config
         self.tokenizer = loaded.tokenizer
@@ -140,6 +161,8 @@ class LLM:
                 raise ValueError(f"kv_host_memory={kv_host_memory!r} holds no KV block")
         self.cache = PrefixCache(num_blocks, block_size, model_fingerprint=loaded.fingerprint,
                                  host_tier_blocks=host_slots)  # fmt: skip
+        if self.kv_events is not None:
+            self.cache.set_event_listener(self.kv_events)
         in_pool_rows = self.device.type != "cuda" and tier_dtype == pool_dtype
         self.kv = PagedKVCache(
             self.config, num_blocks, block_size, self.dtype, self.device, kv_cache_dtype,
@@ -239,6 +262,15 @@ class LLM:
         if self.tiers.lower is not None:
             self.engine._persist_committed()
             self.tiers.flush()
+
+    def close(self) -> None:
+        """Send the KV events still queued and stop the publisher (idempotent); the engine
+        keeps working without it."""
+        if self.kv_events is not None:
+            if hasattr(self, "cache"):
+                self.cache.set_event_listener(None)
+                self.cache.enable_events = False
+            self.kv_events.close()
 
     def clear_disk_tier(self) -> int:
         """Delete every record of the disk tier (after its queued writes); returns how many."""

@@ -83,6 +83,17 @@ def check_kv_tier_dtype(kv_tier_dtype: str, kv_cache_dtype: str) -> None:
         raise ValueError(f"--kv-tier-dtype: {error}") from None
 
 
+def check_kv_events(endpoint: str | None, replay: str | None) -> None:
+    from prefixcache.engine.kv_event_publisher import check_endpoint
+
+    if endpoint is not None:
+        check_endpoint("--kv-events", endpoint)
+    if replay is not None:
+        if endpoint is None:
+            raise ValueError("--kv-events-replay needs --kv-events")
+        check_endpoint("--kv-events-replay", replay)
+
+
 def check_tool_call_parser(name: str) -> None:
     from prefixcache.engine.tool_calls import TOOL_CALL_PARSERS
 
@@ -119,6 +130,13 @@ def serve(
     kv_tier_dtype: Annotated[str, typer.Option(
         help="auto (the pool's dtype, exact), fp8 or int8: the tiers store blocks quantized, "
              "twice as many in the same bytes.")] = "auto",
+    kv_events: Annotated[str | None, typer.Option(
+        help="Publish the pool's cache events over ZeroMQ here (vLLM's KV-event format), for "
+             "a cache-aware router: tcp://127.0.0.1:5557.", show_default=False)] = None,
+    kv_events_replay: Annotated[str | None, typer.Option(
+        help="Replay socket for subscribers that missed events: tcp://127.0.0.1:5558.",
+        show_default=False)] = None,
+    kv_events_topic: Annotated[str, typer.Option(help="Topic of the KV events.")] = "",
     tool_call_parser: Annotated[str, typer.Option(
         help="The format the model writes tool calls in: auto (what its chat template shows; "
              "hermes for a template without tools), hermes, llama3_json, mistral or "
@@ -158,6 +176,7 @@ def serve(
         check_kv_cache_dtype(kv_cache_dtype)
         check_kv_tier_dtype(kv_tier_dtype, kv_cache_dtype)
         check_tool_call_parser(tool_call_parser)
+        check_kv_events(kv_events, kv_events_replay)
         parse_memory_size("--kv-host-memory", kv_host_memory)
         parse_memory_size("--kv-disk-size", kv_disk_size)
         resolve_device(device)
@@ -170,7 +189,8 @@ def serve(
             kv_cache_memory=kv_cache_memory, max_model_len=max_model_len, dtype=dtype,
             max_num_seqs=max_num_seqs, kv_cache_dtype=kv_cache_dtype, device=device,
             kv_host_memory=kv_host_memory, kv_disk_dir=kv_disk_dir, kv_disk_size=kv_disk_size,
-            kv_remote=kv_remote, kv_tier_dtype=kv_tier_dtype,
+            kv_remote=kv_remote, kv_tier_dtype=kv_tier_dtype, kv_events=kv_events,
+            kv_events_replay=kv_events_replay, kv_events_topic=kv_events_topic,
         )
     except Exception as error:  # a malformed file may trip the loader in any way
         from prefixcache.engine.model_registry import describe_load_error

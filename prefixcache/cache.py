@@ -7,7 +7,7 @@ still in the tree, evictable) -> free; ``free + in_use + cached == num_blocks`` 
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -101,6 +101,7 @@ class PrefixCache:
         self.index = EvictionIndex()
         self.enable_events = enable_events
         self._events: list[CacheEvent] = []
+        self._event_listener: Callable[[CacheEvent], None] | None = None
         self._clock = 0
         self.query_tokens = 0
         self.hit_tokens = 0
@@ -354,7 +355,7 @@ class PrefixCache:
             parent = None if plan.path.num_blocks == 0 else plan.path.parent_hash
             first = plan.path.num_blocks * self.block_size
             block_tokens = tokens[first : num_full * self.block_size].tolist()
-            self._events.append(BlockStored(hashes, parent, block_tokens, self.block_size))
+            self._emit(BlockStored(hashes, parent, block_tokens, self.block_size))
         return len(new_ids)
 
     def insert_partial(
@@ -567,6 +568,21 @@ class PrefixCache:
         events, self._events = self._events, []
         return events
 
+    def set_event_listener(self, listener: Callable[[CacheEvent], None] | None) -> None:
+        """Hand every event to ``listener`` as it happens, on the thread that changed the cache
+        (a publisher on another thread needs no lock around the cache), instead of keeping it
+        for ``drain_events``; turns events on. None goes back to keeping them."""
+        if listener is not None:
+            self.enable_events = True
+            self._events.clear()
+        self._event_listener = listener
+
+    def _emit(self, event: CacheEvent) -> None:
+        if self._event_listener is None:
+            self._events.append(event)
+        else:
+            self._event_listener(event)
+
     def check_invariants(self) -> None:
         """Raise AssertionError if any internal invariant is broken."""
         check_cache_invariants(self)
@@ -731,7 +747,7 @@ class PrefixCache:
         self.evictions += count
         self.blocks_removed += count
         if self.enable_events and full:  # a partial block was never announced
-            self._events.append(BlockRemoved([int(h) for h in self.tree.hashes[removed]]))
+            self._emit(BlockRemoved([int(h) for h in self.tree.hashes[removed]]))
         if not whole:
             self._refresh(node)
         elif parent is not None and not parent.is_root:

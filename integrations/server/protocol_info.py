@@ -15,6 +15,16 @@ class HealthResponse(BaseModel):
     status: Literal["ok"] = "ok"
 
 
+class KVEventsInfo(BaseModel):
+    """Where this server publishes its cache events (``serve --kv-events``)."""
+
+    endpoint: str
+    replay_endpoint: str | None
+    topic: str
+    block_size: int
+    format: Literal["vllm-kv-events"] = "vllm-kv-events"
+
+
 class ModelCard(BaseModel):
     id: str
     object: Literal["model"] = "model"

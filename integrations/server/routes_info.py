@@ -11,7 +11,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from prefixcache.integrations.server import protocol as p
 from prefixcache.integrations.server import protocol_info as info
 from prefixcache.integrations.server.engine_calls import call_engine, check_engine_running
-from prefixcache.integrations.server.errors import bad_request, error_responses
+from prefixcache.integrations.server.errors import ApiError, bad_request, error_responses
 from prefixcache.integrations.server.prompt_encoding import (
     check_prompt_tokens,
     render_messages,
@@ -28,6 +28,21 @@ async def health(state: State) -> dict[str, str]:
     """200 while the engine worker runs, 503 once it has stopped."""
     check_engine_running(state)
     return {"status": "ok"}
+
+
+@router.get("/kv_events", response_model=info.KVEventsInfo, responses=error_responses(404))
+async def kv_events(state: State) -> info.KVEventsInfo:
+    """The ZeroMQ endpoints of this server's cache events, for a cache-aware router; 404 when
+    the server publishes none. A wildcard address (``tcp://*:5557``, ``0.0.0.0``) is the
+    caller's to replace with this server's host."""
+    llm = state.engine.llm
+    publisher = llm.kv_events
+    if publisher is None:
+        raise ApiError(404, "this server publishes no KV events (start it with --kv-events)",
+                       code="kv_events_off")  # fmt: skip
+    return info.KVEventsInfo(endpoint=publisher.endpoint,
+                             replay_endpoint=publisher.replay_endpoint, topic=publisher.topic,
+                             block_size=llm.cache.block_size)  # fmt: skip
 
 
 def _model_card(state: ServerState) -> info.ModelCard:

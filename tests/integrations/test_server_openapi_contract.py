@@ -38,7 +38,7 @@ def contract_server(engine: AsyncLLM) -> Iterator[BackgroundServer]:
 OPERATIONS = [
     ("POST", "/v1/completions"), ("POST", "/v1/chat/completions"), ("GET", "/health"),
     ("GET", "/v1/models"), ("GET", "/v1/models/{model_id}"), ("POST", "/tokenize"),
-    ("POST", "/detokenize"), ("GET", "/metrics"),
+    ("POST", "/detokenize"), ("GET", "/metrics"), ("GET", "/kv_events"),
     ("POST", "/v1/cache/warm"), ("POST", "/v1/cache/pin"), ("POST", "/v1/cache/unpin"),
     ("POST", "/v1/cache/lookup"), ("GET", "/v1/cache/stats"), ("POST", "/v1/cache/reset"),
 ]
