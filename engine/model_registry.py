@@ -131,6 +131,31 @@ def load_model(name_or_path: str | Path = DEFAULT_MODEL, dtype: torch.dtype | No
         raise ValueError(f"cannot read model file {error.filename}: permission denied") from error
 
 
+def load_prompt_assets(name_or_path: str | Path = DEFAULT_MODEL) -> tuple[Tokenizer,
+                                                                         ChatTemplate | None]:
+    """The tokenizer and chat template of a model, without its weights (what a router needs
+    to count a request's tokens as the model's server will). ValueError as ``load_model``."""
+    resolved = resolve_model(name_or_path)
+    try:
+        if resolved.kind == "gguf":
+            gguf_file = GGUFFile(resolved.path)
+            return Tokenizer.from_gguf_metadata(gguf_file.metadata), _gguf_template(gguf_file)
+        config = read_hf_config(resolved.path)
+        return load_hf_tokenizer(resolved.path, config), load_hf_chat_template(resolved.path)
+    except PermissionError as error:
+        raise ValueError(f"cannot read model file {error.filename}: permission denied") from error
+
+
+def _gguf_template(gguf_file: GGUFFile) -> ChatTemplate | None:
+    source = gguf_file.metadata.get("tokenizer.chat_template")
+    if not source:
+        return None
+    config = gguf_file.config
+    tokenizer = Tokenizer.from_gguf_metadata(gguf_file.metadata)
+    return ChatTemplate(source, bos_token=_token(tokenizer, config.bos_token_id),
+                        eos_token=_token(tokenizer, next(iter(config.eos_token_ids), None)))
+
+
 def _load_gguf(path: Path, dtype: torch.dtype, device: torch.device | str) -> LoadedModel:
     gguf_file = GGUFFile(path)
     config = gguf_file.config
@@ -140,12 +165,7 @@ def _load_gguf(path: Path, dtype: torch.dtype, device: torch.device | str) -> Lo
         model.rotary.set_frequency_factors(factors)
     tokenizer = Tokenizer.from_gguf_metadata(gguf_file.metadata)
     _check_vocabulary_fits(tokenizer, config, path)
-    source = gguf_file.metadata.get("tokenizer.chat_template")
-    template = None
-    if source:
-        template = ChatTemplate(source, bos_token=_token(tokenizer, config.bos_token_id),
-                                eos_token=_token(tokenizer, next(iter(config.eos_token_ids), None)))
-    return LoadedModel(model, config, tokenizer, template,
+    return LoadedModel(model, config, tokenizer, _gguf_template(gguf_file),
                        weights_fingerprint(config.architecture, [path]))
 
 

@@ -29,11 +29,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from prefixcache.engine.grammar_defaults import JSON_OPTIONS
+
 GRAMMAR_CACHE_SIZE = 256  # compiled grammars kept, least recently used dropped first
-# JSON may put whitespace between its tokens, but at most this much in one place: unbounded,
-# a model that prefers newlines (a small or untrained one) wrote them until max_tokens and
-# never closed the object; 16 characters still allow pretty-printing 7 levels deep
-JSON_OPTIONS = {"whitespace_pattern": r"[\x20\x0A\x0D\x09]{0,16}"}
 
 
 class StructuredOutputError(ValueError):

@@ -20,7 +20,7 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from prefixcache.engine.structured_output import JSON_OPTIONS
+from prefixcache.engine.grammar_defaults import JSON_OPTIONS
 
 HERMES_INSTRUCTIONS = (
     "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"

@@ -20,6 +20,7 @@ SUBCOMMAND_MODULES: tuple[str, ...] = (
     "prefixcache.integrations.cli_serve",
     "prefixcache.integrations.cli_doctor",
     "prefixcache.integrations.cli_simulate",
+    "prefixcache.integrations.cli_router",
 )
 
 

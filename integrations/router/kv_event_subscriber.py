@@ -15,14 +15,25 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Iterable
+from typing import Protocol
 
 import zmq
 import zmq.asyncio
 
-from prefixcache.cluster_index import BackendId, ClusterIndex
+from prefixcache.cluster_index import BackendId
 from prefixcache.event_wire import KVEventDecodeError, decode_batch
+from prefixcache.events import CacheEvent
 
 logger = logging.getLogger(__name__)
+
+
+class EventSink(Protocol):
+    """What the subscriber feeds: a ``ClusterIndex`` or the router's ``PrefixIndexes``."""
+
+    def apply_all(self, backend: BackendId, events: Iterable[CacheEvent]) -> None: ...
+
+    def clear(self, backend: BackendId) -> int: ...
 
 REPLAY_TIMEOUT_S = 2.0
 
@@ -34,7 +45,7 @@ class KVEventSubscriber:
     def __init__(
         self,
         backend: BackendId,
-        index: ClusterIndex,
+        index: EventSink,
         endpoint: str,
         replay_endpoint: str | None = None,
         topic: str = "",

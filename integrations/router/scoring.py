@@ -10,7 +10,8 @@ worth exactly the prefill it saves, and a queue costs exactly its wait, so the p
 the cache until a backend's queue outweighs what its cache saves, then balances load, without
 a hand-set imbalance threshold. Ties (no backend holds anything, all idle) go to the backend
 the request's affinity key hashes to (rendezvous hashing), so new prefixes spread evenly and
-the same prefix lands on the same backend again.
+the same prefix lands on the same backend again. Estimates within ``tie_fraction`` of the
+prompt's whole prefill count as ties.
 """
 
 from __future__ import annotations
@@ -60,12 +61,15 @@ class RoutingPolicy:
     ``random`` draws (seeded),
     ``session_hash`` sends each affinity key to its rendezvous home whatever the load.
     ``sticky_slack_s``: a session's previous backend is kept while its estimated TTFT is within
-    this many seconds of the best one.
+    this many seconds of the best one. ``tie_fraction``: estimates within this share of the
+    prompt's whole prefill of the best are ties, so a match on a shared template header (a
+    few tokens) does not pull every new prefix onto one backend. ``load_weight`` scales the
+    backlog against the prefill saved (1: both are seconds).
     """
 
     def __init__(
         self, name: str, cost: CostModel | None = None, seed: int = 0, sticky_slack_s: float = 0.5,
-        load_weight: float = 1.0,
+        load_weight: float = 1.0, tie_fraction: float = 0.1,
     ) -> None:
         if name not in ROUTING_POLICIES:
             raise ValueError(f"unknown routing policy {name!r}; choose from {ROUTING_POLICIES}")
@@ -73,6 +77,7 @@ class RoutingPolicy:
         self.cost = cost or CostModel()
         self.sticky_slack_s = sticky_slack_s
         self.load_weight = load_weight
+        self.tie_fraction = tie_fraction
         self._next = 0
         self._rng = random.Random(seed)
 
@@ -111,7 +116,8 @@ class RoutingPolicy:
         best = float(score.min())
         if sticky is not None and 0 <= sticky < n and score[sticky] <= best + self.sticky_slack_s:
             return int(sticky)
-        tied = score <= best + 1e-9
+        window = self.tie_fraction * prompt_tokens * self.cost.prefill_s_per_token
+        tied = score <= best + window + 1e-9
         return int(np.argmax(np.where(tied, home, 0)))
 
     def estimated_ttft_s(

@@ -19,7 +19,8 @@ from fastapi import FastAPI
 class BackgroundServer:
     """A uvicorn server for ``app`` on ``host``:``port`` (0: any free port), in a thread."""
 
-    def __init__(self, app: FastAPI, host: str = "127.0.0.1", port: int = 0) -> None:
+    def __init__(self, app: FastAPI, host: str = "127.0.0.1", port: int = 0,
+                 lifespan: str = "off") -> None:  # fmt: skip
         # IPPROTO_TCP named: asyncio sets TCP_NODELAY only on sockets whose proto says TCP,
         # and accepted sockets inherit it; with proto 0 every small response waited for a
         # delayed ACK (a /health round trip took 44 ms instead of 1 ms)
@@ -27,7 +28,7 @@ class BackgroundServer:
         self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self._socket.bind((host, port))
         self.host, self.port = self._socket.getsockname()[:2]
-        config = uvicorn.Config(app, log_level="warning", lifespan="off", timeout_keep_alive=5)
+        config = uvicorn.Config(app, log_level="warning", lifespan=lifespan, timeout_keep_alive=5)
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(
             target=self._server.run, kwargs={"sockets": [self._socket]}, daemon=True,

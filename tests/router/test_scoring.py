@@ -22,11 +22,18 @@ def choose(policy: RoutingPolicy, cached, backlog, key=7, **kw) -> int:
 def test_cache_aware_follows_the_cache_until_the_queue_outweighs_it() -> None:
     policy = RoutingPolicy("cache_aware", COST)
     assert choose(policy, [0, 900, 0], [0, 0, 0]) == 1
-    # backend 1 saves 0.9 s of prefill; 0.8 s of queue is worth waiting, 1.0 s is not
-    assert choose(policy, [0, 900, 0], [0, 0.8, 0]) == 1
+    # backend 1 saves 0.9 s of prefill; 0.7 s of queue is worth waiting, 1.0 s is not
+    assert choose(policy, [0, 900, 0], [0, 0.7, 0]) == 1
     assert choose(policy, [0, 900, 0], [0.5, 1.0, 0]) == 2
     assert policy.estimated_ttft_s(1000, np.array([0, 900.0]), np.array([0.2, 0.0])).tolist() \
         == pytest.approx([1.2, 0.1])  # fmt: skip
+
+
+def test_a_small_shared_header_does_not_pull_new_prefixes_to_one_backend() -> None:
+    policy = RoutingPolicy("cache_aware", COST, tie_fraction=0.1)
+    homes = {choose(policy, [16, 0, 0, 0], [0] * 4, key) for key in range(100)}
+    assert homes == {0, 1, 2, 3}  # 16 of 1000 tokens: within the tie window
+    assert {choose(policy, [200, 0, 0, 0], [0] * 4, key) for key in range(100)} == {0}
 
 
 def test_ties_go_to_the_affinity_home_and_stay_there() -> None:
