@@ -63,7 +63,7 @@ class ClusterIndex:
                 break
             if alive is None:
                 alive = set(holders)
-            else:
+            elif not holders.keys() >= alive:  # the common case (all still hold it) in C
                 for backend in [b for b in alive if b not in holders]:
                     found[backend] = depth
                     alive.discard(backend)

@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import httpx
+import numpy as np
 
 from prefixcache.integrations.router.backend_pool import BackendPool
 from prefixcache.integrations.router.prompt_tokenizer import PromptTokenizer
@@ -29,23 +30,25 @@ class RequestTokens:
         self.tokenizer = tokenizer
         self.pool = pool
 
-    async def prompt_ids(self, path: str, body: Any) -> list[int] | None:
+    async def prompt_ids(self, path: str, body: Any) -> np.ndarray | None:  # [tokens] int32
         if not isinstance(body, Mapping):
             return None
         try:
             if path.endswith("/chat/completions"):
-                return await self._chat(body)
-            return await self._completion(body)
-        except (ValueError, TypeError, KeyError) as error:
+                ids = await self._chat(body)
+            else:
+                ids = await self._completion(body)
+            return None if ids is None else token_array(ids)
+        except (ValueError, TypeError, KeyError, OverflowError) as error:
             logger.debug("cannot count the prompt's tokens: %s", error)
             return None
 
     async def _completion(self, body: Mapping[str, Any]) -> list[int] | None:
         prompt = body.get("prompt")
-        if isinstance(prompt, list) and prompt and not all(isinstance(t, int) for t in prompt):
+        if isinstance(prompt, list) and prompt and isinstance(prompt[0], list | str):
             prompt = prompt[0]  # a batch: route by its first prompt
-        if isinstance(prompt, list) and all(isinstance(t, int) for t in prompt):
-            return list(prompt)
+        if isinstance(prompt, list):
+            return prompt  # token ids; token_array refuses anything else
         if not isinstance(prompt, str):
             return None
         if self.tokenizer is None:
@@ -80,3 +83,16 @@ class RequestTokens:
                 return tokens if isinstance(tokens, list) else None
             return None  # the backend refuses it: it will refuse the request too
         return None
+
+
+def token_array(ids: Sequence[Any]) -> np.ndarray:  # [tokens] int32
+    """Token ids as int32 in one C pass (a 32K-token prompt: ~0.5 ms; a Python type check per
+    id costs 4x that). Raises ValueError, TypeError or OverflowError for what is not a flat
+    list of ids in int32's range; what numpy converts leniently (a float id) only moves a
+    routing hint, since the backend validates the request itself."""
+    array = np.array(ids, dtype=np.int64)
+    if array.ndim != 1:
+        raise ValueError("not a flat list of token ids")
+    if len(array) and (array.min() < 0 or array.max() > np.iinfo(np.int32).max):
+        raise ValueError("a token id is out of range")
+    return array.astype(np.int32)

@@ -1,0 +1,260 @@
+"""What the router adds to a request: the routing decision on a 32K-token prompt over 8
+backends, paced at 200 decisions/s, and the added TTFT of a streamed call through
+``prefixcache router`` against the same call made directly.
+
+    python benchmarks/router_overhead.py [--tokens 32768 --backends 8 --rate 200 --pairs 40]
+
+Part A (in this process): 8 precise backends, each holding a different share (0, 1/8, ...,
+7/8) of the prompt, fed to ``PrefixIndexes`` as their caches' BlockStored events. A decision
+is what the router does before forwarding: the request body decoded (msgspec), its token ids,
+the index match (``cached_tokens``) and ``RoutingPolicy.choose``; for a chat request also
+the local tokenization of the resent conversation (``PromptTokenizer``, SmolLM2's tokenizer).
+Decisions are started on a 200/s clock and timed from their scheduled start.
+
+Part B (real processes): one ``prefixcache serve`` on a small random model that takes a 32K
+context (block size 16, KV events on) and ``prefixcache router`` in front of it; the prompt is
+cached first, then streamed requests (``max_tokens: 1``) alternate direct / routed, pair by
+pair, and the router's added TTFT is the median of the pairs' differences.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import msgspec
+import numpy as np
+from bench_report import write_json
+
+from prefixcache import PrefixCache
+from prefixcache.integrations.router.prefix_indexes import PrefixIndexes
+from prefixcache.integrations.router.request_tokens import token_array
+from prefixcache.integrations.router.scoring import CostModel, RoutingPolicy
+from prefixcache.kernels.cpu.kernel_choice import cpu_model
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+BLOCK_SIZE = 16
+
+
+def percentile_ms(values: list[float], q: float) -> float:
+    return round(float(np.percentile(values, q)) * 1e3, 4)
+
+
+# ---------------------------------------------------------------------- part A: decisions
+def build_indexes(prompt: np.ndarray, num_backends: int) -> PrefixIndexes:
+    """Backend b holds the prompt's first b/n, then its own continuation: as many blocks each."""
+    indexes = PrefixIndexes()
+    rng = np.random.default_rng(1)
+    num_blocks = len(prompt) // BLOCK_SIZE
+    for backend in range(num_backends):
+        shared = len(prompt) * backend // num_backends
+        held = prompt.copy()
+        held[shared:] = rng.integers(0, 49152, len(prompt) - shared)
+        cache = PrefixCache(num_blocks, BLOCK_SIZE)
+        cache.set_event_listener(lambda event, b=backend: indexes.apply(b, event))
+        blocks = cache.allocate(num_blocks)
+        cache.insert(held, blocks)
+        cache.release(blocks)
+    return indexes
+
+
+def decision_costs(tokens: int, num_backends: int, rate: float, seconds: float) -> dict[str, Any]:
+    prompt = np.random.default_rng(0).integers(0, 49152, tokens).astype(np.int32)
+    indexes = build_indexes(prompt, num_backends)
+    policy = RoutingPolicy("cache_aware", CostModel(1 / 2000))
+    backlog = np.zeros(num_backends)
+    body = msgspec.json.encode({"model": "m", "prompt": prompt.tolist(), "max_tokens": 1})
+
+    def decide() -> int:  # what the router does before forwarding, as it does it
+        ids = token_array(msgspec.json.decode(body)["prompt"])
+        cached = indexes.cached_tokens(ids, num_backends)
+        return policy.choose(len(ids), cached, backlog, 7)
+
+    assert decide() == num_backends - 1, "the backend holding the most must win"
+    unpaced = []
+    for _ in range(200):
+        started = time.perf_counter()
+        decide()
+        unpaced.append(time.perf_counter() - started)
+
+    period = 1.0 / rate
+    latencies, busy = [], 0.0
+    start = time.perf_counter()
+    for k in range(int(seconds * rate)):
+        scheduled = start + k * period
+        while (now := time.perf_counter()) < scheduled:
+            time.sleep(min(scheduled - now, 0.001))
+        began = time.perf_counter()
+        decide()
+        done = time.perf_counter()
+        busy += done - began
+        latencies.append(done - scheduled)
+    elapsed = time.perf_counter() - start
+    return {
+        "prompt_tokens": tokens, "backends": num_backends,
+        "decision_p50_ms": percentile_ms(unpaced, 50),
+        "decision_p99_ms": percentile_ms(unpaced, 99),
+        "paced_rate_per_s": rate,
+        "paced_latency_p50_ms": percentile_ms(latencies, 50),
+        "paced_latency_p99_ms": percentile_ms(latencies, 99),
+        "paced_cpu_share": round(busy / elapsed, 3),
+    }
+
+
+def chat_tokenization_cost(tokens: int) -> dict[str, Any] | None:
+    """A resent agent conversation of ~``tokens`` tokens through the local tokenizer."""
+    try:
+        from prefixcache.integrations.router.prompt_tokenizer import PromptTokenizer
+
+        tokenizer = PromptTokenizer.load("smollm2")
+    except Exception as error:  # the model package is optional here
+        print(f"chat tokenization skipped: {error}")
+        return None
+    words = np.random.default_rng(2).choice(["cache", "prefix", "agent", "tool", "result",
+                                             "block", "radix", "token", "the", "of"], 400_000)
+    text = " ".join(words.tolist())
+    messages = [{"role": "system", "content": text[:4000]}]
+    turn = 0
+    while len(tokenizer.chat_ids(messages, None)) < tokens:
+        chunk = text[turn * 3000:(turn + 1) * 3000]
+        messages.append({"role": "user" if turn % 2 else "assistant", "content": chunk})
+        turn += 1
+    started = time.perf_counter()
+    tokenizer.chat_ids([*messages[:-1], {"role": "user", "content": "new question"}], None)
+    first = time.perf_counter() - started
+    resent = []
+    for _ in range(50):
+        started = time.perf_counter()
+        ids = tokenizer.chat_ids(messages, None)
+        resent.append(time.perf_counter() - started)
+    return {"chat_tokens": len(ids), "messages": len(messages),
+            "resent_p50_ms": percentile_ms(resent, 50), "with_new_turn_ms": round(first * 1e3, 3)}
+
+
+# ---------------------------------------------------------------------- part B: proxy hop
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def start(command: list[str], url: str, environment: dict[str, str]) -> subprocess.Popen:
+    process = subprocess.Popen(command, env=environment, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.PIPE)  # fmt: skip
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(process.communicate()[1].decode()[-2000:])
+        try:
+            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                return process
+        except httpx.TransportError:
+            pass
+        time.sleep(0.2)
+    raise RuntimeError(f"{command[3]} did not start")
+
+
+def stop(process: subprocess.Popen) -> None:
+    if process.poll() is None:
+        process.send_signal(signal.SIGINT)
+        try:
+            process.wait(30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+
+
+def streamed_ttft(client: httpx.Client, url: str, body: bytes) -> tuple[float, str]:
+    started = time.perf_counter()
+    headers = {"content-type": "application/json"}
+    with client.stream("POST", f"{url}/v1/completions", content=body, headers=headers) as reply:
+        if reply.status_code != 200:
+            raise RuntimeError(f"{url}: {reply.status_code} {reply.read().decode()[:500]}")
+        for line in reply.iter_lines():
+            if line.startswith("data: {"):
+                return time.perf_counter() - started, reply.headers.get("x-prefixcache-backend", "")
+    raise RuntimeError("no chunk streamed")
+
+
+def proxy_overhead(tokens: int, pairs: int) -> dict[str, Any]:
+    from tiny_model_factory import make_tiny_model_dir
+
+    environment = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+    with tempfile.TemporaryDirectory() as folder:
+        model = make_tiny_model_dir(Path(folder), "llama", max_position_embeddings=tokens + 64)
+        serve_port, router_port = free_port(), free_port()
+        serve_url, router_url = f"http://127.0.0.1:{serve_port}", f"http://127.0.0.1:{router_port}"
+        blocks = tokens // BLOCK_SIZE + 64
+        server = start([sys.executable, "-m", "prefixcache.integrations.cli", "serve",
+                        "--model", str(model), "--port", str(serve_port), "--dtype", "float32",
+                        "--num-blocks", str(blocks), "--block-size", str(BLOCK_SIZE),
+                        "--served-model-name", "tiny", "--log-level", "warning",
+                        "--max-model-len", str(tokens + 64),
+                        "--kv-events", f"tcp://127.0.0.1:{free_port()}"], serve_url, environment)
+        router = None
+        try:
+            router = start([sys.executable, "-m", "prefixcache.integrations.cli", "router",
+                            "--port", str(router_port), "--backend", serve_url,
+                            "--log-level", "warning"], router_url, environment)
+            prompt = np.random.default_rng(3).integers(1, 384, tokens).tolist()
+            body = json.dumps({"model": "tiny", "prompt": prompt, "max_tokens": 1,
+                               "stream": True}).encode()
+            with httpx.Client(timeout=600) as client:
+                cold, _ = streamed_ttft(client, router_url, body)
+                time.sleep(0.5)  # the stored blocks' events reach the router's index
+                direct, routed = [], []
+                for _ in range(pairs):
+                    direct.append(streamed_ttft(client, serve_url, body)[0])
+                    ttft, backend = streamed_ttft(client, router_url, body)
+                    routed.append(ttft)
+                    assert backend == serve_url, backend
+                stats = client.get(f"{router_url}/router/stats").json()
+        finally:
+            if router is not None:
+                stop(router)
+            stop(server)
+    added = [r - d for r, d in zip(routed, direct, strict=True)]
+    return {
+        "prompt_tokens": tokens, "pairs": pairs, "request_bytes": len(body),
+        "cold_ttft_s": round(cold, 3),
+        "direct_ttft_p50_ms": percentile_ms(direct, 50),
+        "routed_ttft_p50_ms": percentile_ms(routed, 50),
+        "added_ttft_p50_ms": percentile_ms(added, 50),
+        "added_ttft_p90_ms": percentile_ms(added, 90),
+        "router_indexed_blocks": stats["backends"][0]["indexed_blocks"],
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--tokens", type=int, default=32768)
+    parser.add_argument("--backends", type=int, default=8)
+    parser.add_argument("--rate", type=float, default=200.0)
+    parser.add_argument("--seconds", type=float, default=3.0)
+    parser.add_argument("--pairs", type=int, default=40)
+    parser.add_argument("--skip-proxy", action="store_true")
+    parser.add_argument("--json", default="router_overhead.json")
+    args = parser.parse_args()
+
+    result: dict[str, Any] = {"cpu": cpu_model()}
+    result["decision"] = decision_costs(args.tokens, args.backends, args.rate, args.seconds)
+    print("decision:", json.dumps(result["decision"]))
+    result["chat_tokenization"] = chat_tokenization_cost(args.tokens)
+    print("chat tokenization:", json.dumps(result["chat_tokenization"]))
+    if not args.skip_proxy:
+        result["proxy"] = proxy_overhead(args.tokens, args.pairs)
+        print("proxy:", json.dumps(result["proxy"]))
+    write_json(args.json, result)
+
+
+if __name__ == "__main__":
+    main()
