@@ -22,7 +22,6 @@ from typing import Any
 import httpx
 import msgspec
 import numpy as np
-import xxhash
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import (
@@ -37,7 +36,11 @@ from prefixcache.integrations.router.backend_pool import Backend, BackendPool, E
 from prefixcache.integrations.router.forwarding import BackendUnavailable, open_response
 from prefixcache.integrations.router.prefix_indexes import PrefixIndexes
 from prefixcache.integrations.router.prompt_tokenizer import PromptTokenizer
-from prefixcache.integrations.router.request_tokens import RequestTokens
+from prefixcache.integrations.router.request_tokens import (
+    RequestTokens,
+    affinity_key,
+    session_key,
+)
 from prefixcache.integrations.router.scoring import CostModel, RoutingPolicy
 
 MAX_SESSIONS = 100_000
@@ -102,8 +105,8 @@ class Router:
         except msgspec.DecodeError:
             body = None
         prompt = await self.tokens.prompt_ids(path, body)
-        session = _session_key(body, request.headers)
-        affinity = _affinity(session, prompt)
+        session = session_key(body, request.headers)
+        affinity = affinity_key(session, prompt)
         num_tokens = 0 if prompt is None else len(prompt)
         n = len(self.pool.backends)
         if prompt is not None and self.policy.uses_cache:
@@ -178,24 +181,6 @@ class Router:
     def stats(self) -> dict[str, Any]:
         return {"policy": self.policy.name, "sessions": len(self.sessions),
                 "backends": [b.to_json(self.indexes) for b in self.pool.backends]}  # fmt: skip
-
-
-def _session_key(body: Any, headers: Mapping[str, str]) -> str | None:
-    if isinstance(body, Mapping):
-        for field_name in ("prompt_cache_key", "user"):
-            value = body.get(field_name)
-            if isinstance(value, str) and value:
-                return f"{field_name}:{value}"
-    header = headers.get("x-session-id")
-    return f"header:{header}" if header else None
-
-
-def _affinity(session: str | None, prompt: np.ndarray | None) -> int:
-    """The key whose rendezvous home breaks ties: the session, else the prompt's start."""
-    if session:
-        return xxhash.xxh3_64_intdigest(session.encode())
-    head = np.asarray(prompt[:256] if prompt is not None else (), dtype=np.int32)
-    return xxhash.xxh3_64_intdigest(head.tobytes())
 
 
 def _no_backend(total: int, tried: set[int]) -> JSONResponse:

@@ -9,7 +9,7 @@ a client that disconnects closes the backend's stream (which aborts the request 
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 
 import httpx
 from starlette.responses import Response, StreamingResponse
@@ -40,9 +40,14 @@ def forward_headers(headers: Mapping[str, str]) -> dict[str, str]:
 ROUTED_TO_HEADER = "x-prefixcache-backend"
 
 
+def passed_on_headers(headers: Iterable[tuple[str, str]]) -> dict[str, str]:
+    """A backend's response headers a client should see (length and framing are redone)."""
+    return {k: v for k, v in headers if k.lower() not in _DROP_RESPONSE}
+
+
 def _response_headers(response: httpx.Response) -> dict[str, str]:
     """The backend's headers a client should see, plus which backend answered."""
-    kept = {k: v for k, v in response.headers.items() if k.lower() not in _DROP_RESPONSE}
+    kept = passed_on_headers(response.headers.items())
     kept[ROUTED_TO_HEADER] = f"{response.request.url.scheme}://{response.request.url.netloc.decode()}"
     return kept
 

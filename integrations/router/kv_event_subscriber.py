@@ -68,6 +68,12 @@ class KVEventSubscriber:
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run())
 
+    def cancel(self) -> None:
+        """Stop without waiting for the task to end (from synchronous code on the loop)."""
+        if self._task is not None:
+            self._task.cancel()
+            self._task = None
+
     async def stop(self) -> None:
         if self._task is not None:
             self._task.cancel()

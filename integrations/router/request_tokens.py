@@ -16,6 +16,7 @@ from typing import Any
 
 import httpx
 import numpy as np
+import xxhash
 
 from prefixcache.integrations.router.backend_pool import BackendPool
 from prefixcache.integrations.router.prompt_tokenizer import PromptTokenizer
@@ -26,7 +27,7 @@ THREAD_CHARS = 8192  # text longer than this is tokenized off the event loop
 
 
 class RequestTokens:
-    def __init__(self, tokenizer: PromptTokenizer | None, pool: BackendPool) -> None:
+    def __init__(self, tokenizer: PromptTokenizer | None, pool: BackendPool | None) -> None:
         self.tokenizer = tokenizer
         self.pool = pool
 
@@ -70,6 +71,8 @@ class RequestTokens:
         return function(*args)
 
     async def _remote(self, payload: dict[str, Any]) -> list[int] | None:
+        if self.pool is None:
+            return None
         for backend in self.pool.backends:
             if not backend.healthy:
                 continue
@@ -96,3 +99,23 @@ def token_array(ids: Sequence[Any]) -> np.ndarray:  # [tokens] int32
     if len(array) and (array.min() < 0 or array.max() > np.iinfo(np.int32).max):
         raise ValueError("a token id is out of range")
     return array.astype(np.int32)
+
+
+def session_key(body: Any, headers: Mapping[str, str]) -> str | None:
+    """The session a request belongs to: OpenAI's ``prompt_cache_key``, else ``user``, else an
+    ``X-Session-Id`` header; None when it names none."""
+    if isinstance(body, Mapping):
+        for field_name in ("prompt_cache_key", "user"):
+            value = body.get(field_name)
+            if isinstance(value, str) and value:
+                return f"{field_name}:{value}"
+    header = headers.get("x-session-id")
+    return f"header:{header}" if header else None
+
+
+def affinity_key(session: str | None, prompt: np.ndarray | None) -> int:
+    """The key whose rendezvous home breaks ties: the session, else the prompt's start."""
+    if session:
+        return xxhash.xxh3_64_intdigest(session.encode())
+    head = np.asarray(prompt[:256] if prompt is not None else (), dtype=np.int32)
+    return xxhash.xxh3_64_intdigest(head.tobytes())
