@@ -35,11 +35,14 @@ def _llm_kwargs(**given: object) -> dict[str, object]:
 
 def bench(
     trace_file: Annotated[
-        Path | None, typer.Argument(help="JSONL file for --workload trace.", show_default=False)
+        Path | None, typer.Argument(help="JSONL file for --workload trace, or a Mooncake trace "
+                                    "(.jsonl or .jsonl.gz) for --workload mooncake.",
+                                    show_default=False)
     ] = None,
     workload: Annotated[
         str,
-        typer.Option(help="shared-prefix, rag, agent, prefix-repetition, a comma list, or trace."),
+        typer.Option(help="shared-prefix, rag, agent, prefix-repetition, a comma list; or "
+                          "trace / mooncake with a FILE."),
     ] = "agent,rag",
     target: Annotated[
         list[str] | None, typer.Option(help="embedded (default unless --url is given).")
@@ -95,6 +98,11 @@ def bench(
     num_prefixes: Annotated[int | None, typer.Option(help="prefix-repetition.")] = None,
     prefix_len: Annotated[int | None, typer.Option(help="prefix-repetition.")] = None,
     suffix_len: Annotated[int | None, typer.Option(help="prefix-repetition.")] = None,
+    limit: Annotated[int | None, typer.Option(help="mooncake: first K requests.")] = None,
+    rate_scale: Annotated[float | None, typer.Option(
+        help="mooncake: arrivals this many times faster than the trace's.")] = None,
+    block_tokens: Annotated[int | None, typer.Option(
+        help="mooncake: tokens per trace block (512; fewer shrink prompts).")] = None,
     num_blocks: Annotated[int | None, typer.Option(help="Embedded KV pool blocks.")] = None,
     kv_host_memory: Annotated[str | None, typer.Option(
         help="Embedded host-memory KV tier (bytes or a size such as 8GiB).")] = None,
@@ -148,6 +156,9 @@ def bench(
         "num_prefixes": num_prefixes,
         "prefix_len": prefix_len,
         "suffix_len": suffix_len,
+        "limit": limit,
+        "rate_scale": rate_scale,
+        "block_tokens": block_tokens,
     }
     try:
         targets = [t.strip().lower() for t in (target or [])]

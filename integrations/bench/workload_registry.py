@@ -12,6 +12,7 @@ from typing import Any
 from prefixcache.integrations.bench.bench_request import BenchRequest, interleave
 from prefixcache.integrations.bench.token_source import TokenRange
 from prefixcache.integrations.bench.workload_agent import AgentConfig, build_agent
+from prefixcache.integrations.bench.workload_mooncake import MooncakeReplay, load_mooncake_requests
 from prefixcache.integrations.bench.workload_prefix_repetition import (
     PrefixRepetitionConfig,
     build_prefix_repetition,
@@ -29,7 +30,9 @@ SYNTHETIC_WORKLOADS: dict[str, tuple[type, Any]] = {
     "agent": (AgentConfig, build_agent),
     "prefix-repetition": (PrefixRepetitionConfig, build_prefix_repetition),
 }
-WORKLOAD_NAMES = (*SYNTHETIC_WORKLOADS, "trace")
+TRACE_WORKLOADS = ("trace", "mooncake")
+MOONCAKE_OPTIONS = {f.name for f in dataclasses.fields(MooncakeReplay)}
+WORKLOAD_NAMES = (*SYNTHETIC_WORKLOADS, *TRACE_WORKLOADS)
 DEFAULT_WORKLOAD = "agent,rag"
 
 
@@ -58,11 +61,16 @@ def build_requests(
         raise ValueError(
             f"unknown workload {unknown[0]!r}; choose from {', '.join(WORKLOAD_NAMES)}"
         )
-    if "trace" in names:
-        if names != ["trace"]:
-            raise ValueError("the trace workload cannot be mixed with others")
+    traced = [name for name in names if name in TRACE_WORKLOADS]
+    if traced:
+        if len(names) != 1:
+            raise ValueError(f"the {traced[0]} workload cannot be mixed with others")
         if trace_file is None:
-            raise ValueError("--workload trace needs a FILE.jsonl argument")
+            raise ValueError(f"--workload {traced[0]} needs a trace FILE argument")
+        if traced[0] == "mooncake":
+            given = {k: v for k, v in (overrides or {}).items()
+                     if k in MOONCAKE_OPTIONS and v is not None}  # fmt: skip
+            return load_mooncake_requests(trace_file, seed, tokens, MooncakeReplay(**given))
         return load_trace(trace_file, seed, tokens)
     if trace_file is not None:
         raise ValueError(f"a trace file was given but the workload is {workload!r}")

@@ -44,7 +44,7 @@ def invoke(*args: str):
         (["--slo", "ttft"], "bad SLO"),
         (["--target", "remote"], "--target takes 'embedded'"),
         (["--request-rate", "0"], "request rate must be > 0"),
-        (["--workload", "trace"], "needs a FILE.jsonl"),
+        (["--workload", "trace"], "needs a trace FILE"),
         (["--groups", "0", "--workload", "shared-prefix"], "num_groups must be a positive"),
         (["--device", "tpu"], "unknown device 'tpu'"),
     ],

@@ -149,7 +149,7 @@ def test_overrides_apply_only_to_matching_fields() -> None:
         ("rag", {"chunks_per_query": 9, "num_documents": 3}, "exceeds num_documents"),
         ("agent", {"turns_per_session": 0}, "turns_per_session must be a positive integer"),
         ("shared-prefix", {"system_len": -1}, "system_len"),
-        ("trace", {}, "needs a FILE.jsonl"),
+        ("trace", {}, "needs a trace FILE"),
         ("trace,rag", {}, "cannot be mixed"),
         ("", {}, "no workload"),
     ],
