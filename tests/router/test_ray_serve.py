@@ -114,3 +114,22 @@ def test_streams_errors_and_models_pass_through(serve_url: str) -> None:
                       json={"model": "tiny", "max_tokens": 2,
                             "messages": [{"role": "user", "content": "hello there"}]})  # fmt: skip
     assert chat.status_code == 200 and chat.json()["usage"]["prompt_tokens"] > 3
+
+
+def test_the_documented_serve_config_builds() -> None:
+    import yaml
+
+    from prefixcache.integrations.ray import RayAppOptions, build_app
+
+    text = (Path(__file__).resolve().parents[2] / "docs" / "router.md").read_text()
+    config = yaml.safe_load(text.split("```yaml\n", 1)[1].split("```", 1)[0])
+    app = config["applications"][0]
+    assert app["import_path"] == "prefixcache.integrations.ray:build_app"
+    options = RayAppOptions.from_args(app["args"])
+    assert (options.num_replicas, options.env["OMP_NUM_THREADS"]) == (4, "4")
+    assert build_app(app["args"]) is not None  # the application graph, not deployed here
+    assert RayAppOptions.from_args({"num_replicas": "3"}).num_replicas == 3
+    for bad, message in (({"num_replicas": 0}, "num_replicas"), ({"policy": "best"}, "policy"),
+                         ({"replicas": 2}, "unknown option")):  # fmt: skip
+        with pytest.raises(ValueError, match=message):
+            RayAppOptions.from_args(bad)
