@@ -42,6 +42,17 @@ def positive_int(source: Mapping[str, Any], key: str, where: str, default: Any =
     return int(value)
 
 
+def non_negative_int(source: Mapping[str, Any], key: str, where: str,
+                     default: Any = REQUIRED) -> Any:  # fmt: skip
+    """An int >= 0 (``default`` when absent)."""
+    value = _get(source, key, where, default)
+    if value is None:
+        return default
+    if not _is_int(value) or value < 0:
+        raise _bad(key, where, "an integer >= 0", value)
+    return int(value)
+
+
 def number(source: Mapping[str, Any], key: str, where: str, default: Any = REQUIRED) -> Any:
     """A finite int or float, as a float (``default`` when absent)."""
     value = _get(source, key, where, default)

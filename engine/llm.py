@@ -143,8 +143,6 @@ class LLM:
         if max_model_len is None:
             max_model_len = DEFAULT_MAX_MODEL_LEN
         self.max_model_len = min(max_model_len, self.config.max_position_embeddings)
-        if self.config.sliding_window:  # paged attention is full: stay inside the window
-            self.max_model_len = min(self.max_model_len, self.config.sliding_window)
         # Accelerators never grow the RoPE table inside a step (that would sync with the host).
         loaded.model.rotary.reserve(self.max_model_len)
         if num_blocks is None:

@@ -69,9 +69,12 @@ class ModelConfig:
     attention_bias: bool = False
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
-    # Mistral-style local attention: token i sees keys j with i - window < j <= i (all layers).
-    # The model ignores it; AttentionFn implementations must apply it.
+    # Local attention: on a sliding layer, token i sees keys j with i - window < j <= i.
+    # `sliding_layers[l]` marks layer l sliding (None: every layer, Mistral-style, when
+    # `sliding_window` is set). The model ignores both; AttentionFn implementations apply
+    # `layer_window(l)`.
     sliding_window: int | None = None
+    sliding_layers: tuple[bool, ...] | None = None
 
     def __post_init__(self) -> None:
         if self.architecture not in SUPPORTED_ARCHITECTURES:
@@ -93,11 +96,30 @@ class ModelConfig:
             raise ValueError(f"head_dim must be even for RoPE, got {self.head_dim}")
         if self.sliding_window is not None and self.sliding_window <= 0:
             raise ValueError(f"sliding_window must be > 0 or None, got {self.sliding_window}")
+        if self.sliding_layers is not None:
+            if len(self.sliding_layers) != self.num_layers:
+                raise ValueError(f"sliding_layers has {len(self.sliding_layers)} entries for "
+                                 f"{self.num_layers} layers")  # fmt: skip
+            if any(self.sliding_layers) and self.sliding_window is None:
+                raise ValueError("sliding layers need a sliding_window")
         if self.rms_norm_eps <= 0 or self.rope_theta <= 0:
             raise ValueError(
                 f"rms_norm_eps and rope_theta must be > 0, got {self.rms_norm_eps}, "
                 f"{self.rope_theta}"
             )
+
+    def layer_window(self, layer_idx: int) -> int | None:
+        """The attention window of layer ``layer_idx`` in tokens; None: it sees every key."""
+        if self.sliding_window is None:
+            return None
+        if self.sliding_layers is None or self.sliding_layers[layer_idx]:
+            return self.sliding_window
+        return None
+
+    @property
+    def layer_windows(self) -> tuple[int | None, ...]:
+        """``layer_window`` of every layer."""
+        return tuple(self.layer_window(i) for i in range(self.num_layers))
 
     @property
     def q_size(self) -> int:
@@ -151,7 +173,7 @@ class ModelConfig:
             or cv.flag(config, "attention_bias", where, False),
             bos_token_id=cv.token_id(config, "bos_token_id", where),
             eos_token_ids=cv.token_ids(config, "eos_token_id", where),
-            sliding_window=_hf_sliding_window(config),
+            **_hf_sliding_layers(config, cv.positive_int(config, "num_hidden_layers", where)),
         )
 
     @classmethod
@@ -220,17 +242,36 @@ def _gguf_rope_scaling(metadata: Mapping[str, Any], arch: str) -> RopeScaling:
     raise ValueError(f"unsupported GGUF rope scaling type {scaling_type!r}")
 
 
-def _hf_sliding_window(config: Mapping[str, Any]) -> int | None:
-    """Mistral applies `sliding_window` to every layer; Qwen2 only with `use_sliding_window`,
-    and then only from layer `max_window_layers` on, which this engine does not support."""
-    window = cv.positive_int(config, "sliding_window", "config.json", None)
+def _hf_sliding_layers(config: Mapping[str, Any], num_layers: int) -> dict[str, Any]:
+    """``sliding_window`` and ``sliding_layers`` from config.json. ``layer_types`` (a list of
+    "full_attention" / "sliding_attention", transformers' per-layer field) wins; otherwise
+    Mistral slides on every layer, and Qwen2 only with ``use_sliding_window`` and then from
+    layer ``max_window_layers`` on."""
+    where = "config.json"
+    window = cv.positive_int(config, "sliding_window", where, None)
+    types = config.get("layer_types")
+    if types is not None:
+        known = ("full_attention", "sliding_attention")
+        if not isinstance(types, list) or len(types) != num_layers or \
+                any(t not in known for t in types):  # fmt: skip
+            raise ValueError(f"{where}: layer_types must list {num_layers} of {known}")
+        sliding = tuple(t == "sliding_attention" for t in types)
+        if not any(sliding):
+            return {"sliding_window": None, "sliding_layers": None}
+        if window is None:
+            raise ValueError(f"{where}: layer_types has sliding layers but no sliding_window")
+        return {"sliding_window": window, "sliding_layers": sliding}
     if window is None:
-        return None
+        return {"sliding_window": None, "sliding_layers": None}
     if config.get("model_type") == "qwen2":
-        if not cv.flag(config, "use_sliding_window", "config.json", False):
-            return None
-        raise ValueError("Qwen2 per-layer sliding window attention is not supported")
-    return window
+        if not cv.flag(config, "use_sliding_window", where, False):
+            return {"sliding_window": None, "sliding_layers": None}
+        first = cv.non_negative_int(config, "max_window_layers", where, num_layers)
+        sliding = tuple(i >= first for i in range(num_layers))
+        if not any(sliding):
+            return {"sliding_window": None, "sliding_layers": None}
+        return {"sliding_window": window, "sliding_layers": sliding}
+    return {"sliding_window": window, "sliding_layers": None}
 
 
 def _gguf_sliding_window(metadata: Mapping[str, Any], arch: str) -> int | None:

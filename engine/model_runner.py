@@ -59,14 +59,16 @@ class PagedAttention:
     """
 
     def __init__(self, kv: PagedKVCache, meta: AttentionMetadata, scale: float,
-                 prefill_implementation: str | None = None) -> None:  # fmt: skip
+                 prefill_implementation: str | None = None,
+                 layer_windows: Sequence[int | None] = ()) -> None:  # fmt: skip
         """``prefill_implementation`` names the prefill attention to run (``"sdpa"``: SDPA in
         the model's dtype, chosen by measurement for the step's row count); None: dispatch's
-        default."""
+        default. ``layer_windows[l]``: layer l's sliding window (None or absent: full)."""
         self.kv = kv
         self.meta = meta
         self.scale = scale
         self.prefill_implementation = prefill_implementation
+        self.layer_windows = tuple(layer_windows)
         self._step: PagedStep | None = None
 
     def paged_step(self, layer_idx: int) -> tuple[PagedStep, torch.Tensor, torch.Tensor] | None:
@@ -75,7 +77,8 @@ class PagedAttention:
         neither bf16 nor float32, the kernel backend not "auto")."""
         k_cache = self.kv.k[layer_idx]
         if (
-            self.kv.k_scale[layer_idx] is not None
+            self._window(layer_idx) is not None  # the fused layer attends fully
+            or self.kv.k_scale[layer_idx] is not None
             or k_cache.dtype not in FUSED_DTYPES
             or not k_cache.is_cpu
             or get_kernel_backend() != "auto"
@@ -109,6 +112,7 @@ class PagedAttention:
         query_rows: torch.Tensor | None = None,  # [num_sampled]: must be meta.sample_rows
     ) -> torch.Tensor:  # [num_tokens or num_sampled, num_heads, head_dim]
         meta = self.meta
+        window = self._window(layer_idx)
         k_cache, v_cache = self.kv.k[layer_idx], self.kv.v[layer_idx]
         k_scale, v_scale = self.kv.k_scale[layer_idx], self.kv.v_scale[layer_idx]
         store_kv(k, v, k_cache, v_cache, meta.slot_mapping, k_scale, v_scale)
@@ -127,13 +131,13 @@ class PagedAttention:
                 return q.new_empty(q.shape)
             return paged_decode_attention(
                 q, k_cache, v_cache, meta.sample_block_tables, meta.sample_seq_lens, self.scale,
-                k_scale, v_scale,
+                k_scale, v_scale, window,
             )
         split = meta.num_decode_tokens
         if split == q.shape[0]:
             return paged_decode_attention(
                 q, k_cache, v_cache, meta.decode_block_tables, meta.decode_seq_lens, self.scale,
-                k_scale, v_scale,
+                k_scale, v_scale, window,
             )
         prefill = paged_prefill_attention(
             q[split:],
@@ -148,14 +152,19 @@ class PagedAttention:
             k_scale,
             v_scale,
             implementation=self.prefill_implementation,
+            sliding_window=window,
         )
         if split == 0:
             return prefill
         decode = paged_decode_attention(
             q[:split], k_cache, v_cache, meta.decode_block_tables, meta.decode_seq_lens, self.scale,
-            k_scale, v_scale,
+            k_scale, v_scale, window,
         )
         return torch.cat([decode, prefill])
+
+    def _window(self, layer_idx: int) -> int | None:
+        windows = self.layer_windows
+        return windows[layer_idx] if layer_idx < len(windows) else None
 
 
 class ModelRunner:
@@ -174,6 +183,8 @@ class ModelRunner:
         self.device = model.device
         self.kv = kv
         self.scale = head_dim**-0.5
+        config = getattr(model, "config", None)
+        self.layer_windows = config.layer_windows if config is not None else ()
         self.copy_blocks = block_copier(kv.k, kv.v)  # copy-on-write copies, every layer
         calibrate_kv_scales(model, kv)
 
@@ -216,6 +227,6 @@ class ModelRunner:
         implementation = (
             None if choice is None else choice.implementation("attention", meta.input_ids.shape[0])
         )
-        attention = PagedAttention(self.kv, meta, self.scale, implementation)
+        attention = PagedAttention(self.kv, meta, self.scale, implementation, self.layer_windows)
         # Only the sampled rows leave the last layer.
         return self.model(meta.input_ids, meta.positions, attention, meta.sample_rows)

@@ -61,6 +61,9 @@ def make_tiny_model_dir(folder: Path, architecture: str = "llama", seed: int = 0
     elif architecture == "qwen2":
         config = transformers.Qwen2Config(**common)
         model = transformers.Qwen2ForCausalLM(config)
+    elif architecture == "mistral":
+        config = transformers.MistralConfig(**common)
+        model = transformers.MistralForCausalLM(config)
     else:
         raise ValueError(architecture)
     with torch.no_grad():  # sharper logits than the default init, so greedy has few near-ties

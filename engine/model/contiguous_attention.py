@@ -7,6 +7,8 @@ new keys/values of that layer to the cache (when `use_cache`) and attends causal
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -43,14 +45,19 @@ class ContiguousAttention:
 
     Contract: all tokens passed to one forward belong to one sequence, in order, and continue
     exactly where the previous forward stopped. `reset()` starts a new sequence. Pass the
-    model's `config.sliding_window` for Mistral-style local attention.
+    model's `config.layer_windows` (one window or None per layer), or one window for every
+    layer (Mistral-style local attention).
     """
 
     def __init__(self, num_layers: int, use_cache: bool = True,
-                 sliding_window: int | None = None) -> None:
+                 sliding_window: int | Sequence[int | None] | None = None) -> None:
         self.num_layers = num_layers
         self.use_cache = use_cache
-        self.sliding_window = sliding_window
+        if sliding_window is None or isinstance(sliding_window, int):
+            sliding_window = [sliding_window] * num_layers
+        if len(sliding_window) != num_layers:
+            raise ValueError(f"{len(sliding_window)} windows for {num_layers} layers")
+        self.layer_windows = tuple(sliding_window)
         self._caches: list[_LayerCache | None] = [None] * num_layers
 
     def reset(self) -> None:
@@ -76,10 +83,11 @@ class ContiguousAttention:
             keys, values = k.transpose(0, 1), v.transpose(0, 1)  # [KV, T, D]
         if query_rows is not None:
             positions = query_rows + (keys.shape[1] - k.shape[0])  # [R] absolute positions
-            out = _masked_attention(q.transpose(0, 1), keys, values, self.sliding_window,
-                                    positions)
+            out = _masked_attention(q.transpose(0, 1), keys, values,
+                                    self.layer_windows[layer_idx], positions)  # fmt: skip
             return out.transpose(0, 1)  # [R, H, D]
-        out = causal_attention(q.transpose(0, 1), keys, values, self.sliding_window)  # [H, T, D]
+        window = self.layer_windows[layer_idx]
+        out = causal_attention(q.transpose(0, 1), keys, values, window)  # [H, T, D]
         return out.transpose(0, 1)  # [T, H, D]
 
 

@@ -39,11 +39,13 @@ def paged_prefill_attention_reference(
     k_scale: torch.Tensor | None = None,  # [], [num_kv_heads] or [num_kv_heads, head_dim]
     v_scale: torch.Tensor | None = None,
     widen: bool = True,
+    sliding_window: int | None = None,
 ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
     """Each new token attends to its sequence's whole cached context and, causally, to the new
     tokens up to itself. The new tokens' k/v come from ``k``/``v``, not from the cache.
     ``widen`` runs 16-bit inputs in float32 (see ``_widened``); without it SDPA runs in the
-    query dtype (``paged_prefill_attention_sdpa``)."""
+    query dtype (``paged_prefill_attention_sdpa``). With ``sliding_window`` W the token at
+    position i sees only keys j with i - W < j <= i."""
     widened = _widened if widen else _unchanged
     out = torch.empty_like(q)
     starts = query_start_loc.tolist()
@@ -58,7 +60,8 @@ def paged_prefill_attention_reference(
             cached_v = gather_context(v_cache, block_tables[seq], context)
             keys = torch.cat([dequantize(cached_k, k_scale, q.dtype), keys])
             values = torch.cat([dequantize(cached_v, v_scale, q.dtype), values])
-        attended = _attend(widened(q[begin:end]), widened(keys), widened(values), context, scale)
+        attended = _attend(widened(q[begin:end]), widened(keys), widened(values), context, scale,
+                           sliding_window)  # fmt: skip
         out[begin:end] = attended  # rounded to the query dtype once, here
     return out
 
@@ -75,6 +78,7 @@ def paged_prefill_attention_sdpa(
     scale: float,
     k_scale: torch.Tensor | None = None,
     v_scale: torch.Tensor | None = None,
+    sliding_window: int | None = None,
 ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
     """``paged_prefill_attention_reference`` with SDPA in the query dtype: torch's CPU flash
     kernel in bf16 (oneDNN's brgemm, AMX tiles where the CPU has them). Its softmax weights are
@@ -82,7 +86,7 @@ def paged_prefill_attention_sdpa(
     in (see ``_widened``): the kernel choice uses it only where it is measured faster."""
     return paged_prefill_attention_reference(
         q, k, v, k_cache, v_cache, block_tables, query_start_loc, context_lens, scale,
-        k_scale, v_scale, widen=False,
+        k_scale, v_scale, widen=False, sliding_window=sliding_window,
     )  # fmt: skip
 
 
@@ -105,11 +109,13 @@ def _attend(
     values: torch.Tensor,  # [context + new, num_kv_heads, head_dim]
     context: int,
     scale: float,
+    sliding_window: int | None = None,
 ) -> torch.Tensor:  # [new, num_heads, head_dim]
     new, num_heads, head_dim = q.shape
     num_kv_heads = keys.shape[1]
     group = num_heads // num_kv_heads
-    if context == 0:
+    windowed = sliding_window is not None and context + new > sliding_window
+    if context == 0 and not windowed:
         # Square causal attention: SDPA's fused causal path (4-D inputs select the CPU flash
         # kernel; 3-D ones fall back to the math path), KV heads expanded to query heads
         # (SDPA's own enable_gqa is several times slower on CPU).
@@ -121,12 +127,16 @@ def _attend(
             scale=scale,
         )  # [1, heads, new, dim]
         return out[0].transpose(0, 1)
-    # Over a cached context: fold each KV head's query group into the query axis, so K/V are
-    # never copied per query head; new token i sees keys 0 .. context + i.
+    # Over a cached context (or a window): fold each KV head's query group into the query axis,
+    # so K/V are never copied per query head; new token i sees keys 0 .. context + i (the last
+    # ``sliding_window`` of them).
     folded = q.reshape(new, num_kv_heads, group, head_dim).permute(1, 0, 2, 3)
     folded = folded.reshape(num_kv_heads, new * group, head_dim)  # [kv_heads, new*group, dim]
     rows = torch.arange(new, device=q.device).repeat_interleave(group).unsqueeze(1) + context
-    visible = torch.arange(context + new, device=q.device).unsqueeze(0) <= rows
+    keys_at = torch.arange(context + new, device=q.device).unsqueeze(0)  # [1, total]
+    visible = keys_at <= rows
+    if windowed:
+        visible &= keys_at > rows - sliding_window
     mask = additive_mask(visible, q.dtype)  # [new*group, total]
     out = F.scaled_dot_product_attention(
         folded[None],
@@ -167,8 +177,10 @@ def paged_decode_attention_reference(
     scale: float,
     k_scale: torch.Tensor | None = None,  # [], [num_kv_heads] or [num_kv_heads, head_dim]
     v_scale: torch.Tensor | None = None,
+    sliding_window: int | None = None,
 ) -> torch.Tensor:  # [num_seqs, num_heads, head_dim]
-    """Each sequence's single query attends to all of its ``seq_lens`` cached tokens."""
+    """Each sequence's single query attends to all of its ``seq_lens`` cached tokens (the last
+    ``sliding_window`` of them)."""
     num_seqs = q.shape[0]
     block_size = k_cache.shape[1]
     max_len = int(seq_lens.max())
@@ -184,7 +196,10 @@ def paged_decode_attention_reference(
     )
     # keys, values: [num_seqs, max_len, kv_heads, head_dim]
     positions = torch.arange(max_len, device=q.device)
-    visible = positions.unsqueeze(0) < seq_lens.to(q.device).unsqueeze(1)  # [num_seqs, max_len]
+    lengths = seq_lens.to(q.device).unsqueeze(1)  # [num_seqs, 1]
+    visible = positions.unsqueeze(0) < lengths  # [num_seqs, max_len]
+    if sliding_window is not None:
+        visible &= positions.unsqueeze(0) >= lengths - sliding_window
     mask = additive_mask(visible, q.dtype)
     num_heads, head_dim = q.shape[1], q.shape[2]
     num_kv_heads = k_cache.shape[2]

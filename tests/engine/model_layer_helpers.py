@@ -81,7 +81,7 @@ def save_hf_folder(model: Any, folder: Path,
 def greedy_generate(model: CausalLM, prompt: list[int], num_tokens: int) -> list[int]:
     """Greedy decoding: one prefill, then one token per forward with the contiguous cache."""
     attention = ContiguousAttention(model.config.num_layers,
-                                    sliding_window=model.config.sliding_window)
+                                    sliding_window=model.config.layer_windows)
     ids = torch.tensor(prompt, dtype=torch.int64)
     hidden = model(ids, torch.arange(len(prompt)), attention)
     out: list[int] = []

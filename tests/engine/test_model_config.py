@@ -79,8 +79,26 @@ def test_sliding_window_by_architecture():
     assert ModelConfig.from_hf_config(mistral).sliding_window == 4096
     qwen = dict(LLAMA_V4, model_type="qwen2", rope_scaling=None, sliding_window=4096)
     assert ModelConfig.from_hf_config(qwen).sliding_window is None  # use_sliding_window false
-    with pytest.raises(ValueError, match="sliding window attention is not supported"):
-        ModelConfig.from_hf_config(dict(qwen, use_sliding_window=True))
+    sliding = ModelConfig.from_hf_config(dict(qwen, use_sliding_window=True, max_window_layers=1))
+    assert sliding.layer_windows == (None,) + (4096,) * (sliding.num_layers - 1)
+    none_slide = dict(qwen, use_sliding_window=True, max_window_layers=sliding.num_layers)
+    assert ModelConfig.from_hf_config(none_slide).layer_windows == (None,) * sliding.num_layers
+    assert ModelConfig.from_hf_config(mistral).layer_windows == (4096,) * sliding.num_layers
+
+
+def test_layer_types_name_each_layers_attention():
+    layers = LLAMA_V4["num_hidden_layers"]
+    types = ["sliding_attention", "full_attention"] * (layers // 2) + ["full_attention"] * (
+        layers % 2)
+    config = ModelConfig.from_hf_config(dict(LLAMA_V4, layer_types=types, sliding_window=64))
+    assert config.layer_windows == tuple(64 if t == "sliding_attention" else None for t in types)
+    with pytest.raises(ValueError, match="no sliding_window"):
+        ModelConfig.from_hf_config(dict(LLAMA_V4, layer_types=types))
+    with pytest.raises(ValueError, match="layer_types must list"):
+        ModelConfig.from_hf_config(dict(LLAMA_V4, layer_types=types[:-1], sliding_window=64))
+    full = ModelConfig.from_hf_config(dict(LLAMA_V4, layer_types=["full_attention"] * layers,
+                                           sliding_window=64))  # fmt: skip
+    assert full.sliding_window is None and full.layer_windows == (None,) * layers
 
 
 @pytest.mark.parametrize(("change", "message"), [
