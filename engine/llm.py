@@ -145,6 +145,8 @@ class LLM:
         self.max_model_len = min(max_model_len, self.config.max_position_embeddings)
         # Accelerators never grow the RoPE table inside a step (that would sync with the host).
         loaded.model.rotary.reserve(self.max_model_len)
+        if loaded.model.local_rotary is not None:
+            loaded.model.local_rotary.reserve(self.max_model_len)
         if num_blocks is None:
             num_blocks = blocks_for_memory(
                 self.config, block_size, kv_storage_dtype(kv_cache_dtype, self.dtype),

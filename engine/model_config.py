@@ -14,10 +14,13 @@ from typing import Any
 from . import config_values as cv
 
 # HF `model_type` / GGUF `general.architecture` values this engine can run.
-SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2")
+SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2", "gemma3_text")
+GEMMA_ARCHITECTURES = ("gemma3_text",)
 ROPE_TYPES = ("default", "linear", "llama3")
-# HF `hidden_act` values meaning the one MLP activation implemented (SiLU, a.k.a. swish).
+# HF `hidden_act` values meaning SiLU (a.k.a. swish), the Llama-family MLP activation.
 SUPPORTED_ACTIVATIONS = ("silu", "swish")
+# Gemma's MLP activation: GELU with the tanh approximation.
+GELU_TANH_ACTIVATIONS = ("gelu_pytorch_tanh", "gelu_tanh")
 
 
 @dataclass(frozen=True)
@@ -75,6 +78,16 @@ class ModelConfig:
     # `layer_window(l)`.
     sliding_window: int | None = None
     sliding_layers: tuple[bool, ...] | None = None
+    # Gemma 3: GeGLU (tanh GELU) MLP, norms around the attention and the MLP outputs
+    # ("sandwich"), per-head RMSNorm of q and k, embeddings scaled by sqrt(hidden), scores
+    # scaled by `query_pre_attn_scalar ** -0.5`, and its own RoPE base on sliding layers.
+    # Llama-family models keep the defaults.
+    mlp_activation: str = "silu"
+    sandwich_norms: bool = False
+    qk_norm: bool = False
+    embed_scale: float | None = None
+    attention_scale: float | None = None  # None: head_dim ** -0.5
+    local_rope_theta: float | None = None  # None: sliding layers use `rope_theta` too
 
     def __post_init__(self) -> None:
         if self.architecture not in SUPPORTED_ARCHITECTURES:
@@ -96,6 +109,9 @@ class ModelConfig:
             raise ValueError(f"head_dim must be even for RoPE, got {self.head_dim}")
         if self.sliding_window is not None and self.sliding_window <= 0:
             raise ValueError(f"sliding_window must be > 0 or None, got {self.sliding_window}")
+        if self.mlp_activation not in ("silu", "gelu_tanh"):
+            raise ValueError(f"mlp_activation must be 'silu' or 'gelu_tanh', got "
+                             f"{self.mlp_activation!r}")  # fmt: skip
         if self.sliding_layers is not None:
             if len(self.sliding_layers) != self.num_layers:
                 raise ValueError(f"sliding_layers has {len(self.sliding_layers)} entries for "
@@ -107,6 +123,16 @@ class ModelConfig:
                 f"rms_norm_eps and rope_theta must be > 0, got {self.rms_norm_eps}, "
                 f"{self.rope_theta}"
             )
+
+    @property
+    def is_gemma(self) -> bool:
+        """Gemma's norms are ``(1 + w)``: the loaders fold the 1 into the stored weights."""
+        return self.architecture in GEMMA_ARCHITECTURES
+
+    @property
+    def softmax_scale(self) -> float:
+        """What attention multiplies q.k by."""
+        return self.attention_scale if self.attention_scale is not None else self.head_dim**-0.5
 
     def layer_window(self, layer_idx: int) -> int | None:
         """The attention window of layer ``layer_idx`` in tokens; None: it sees every key."""
@@ -142,6 +168,8 @@ class ModelConfig:
             raise ValueError(f"config.json must hold a JSON object, got {type(config).__name__}")
         where = "config.json"
         architecture = cv.text(config, "model_type", where)
+        if architecture in GEMMA_ARCHITECTURES:
+            return _gemma_config(config)
         _check_activation(config.get("hidden_act"), "hidden_act", where)
         hidden_size = cv.positive_int(config, "hidden_size", where)
         num_heads = cv.positive_int(config, "num_attention_heads", where)
@@ -240,6 +268,67 @@ def _gguf_rope_scaling(metadata: Mapping[str, Any], arch: str) -> RopeScaling:
     if scaling_type == "linear":
         return RopeScaling("linear", cv.number(metadata, f"{arch}.rope.scaling.factor", where))
     raise ValueError(f"unsupported GGUF rope scaling type {scaling_type!r}")
+
+
+def _gemma_config(config: Mapping[str, Any]) -> ModelConfig:
+    """Gemma 3 text (``gemma3_text``) from config.json; both rope layouts: transformers 5's
+    ``rope_parameters`` keyed by layer type, and 4.x's ``rope_theta`` +
+    ``rope_local_base_freq`` + ``rope_scaling`` (the global layers')."""
+    where = "config.json"
+    activation = config.get("hidden_activation", config.get("hidden_act", "gelu_pytorch_tanh"))
+    if activation not in GELU_TANH_ACTIVATIONS:
+        raise ValueError(f"{where}: hidden_activation is {activation!r}; Gemma runs "
+                         f"{list(GELU_TANH_ACTIVATIONS)}")  # fmt: skip
+    for key in ("attn_logit_softcapping", "final_logit_softcapping"):
+        if config.get(key) is not None:
+            raise ValueError(f"{where}: {key} is not supported (Gemma 2 style soft-capping)")
+    hidden_size = cv.positive_int(config, "hidden_size", where)
+    num_heads = cv.positive_int(config, "num_attention_heads", where)
+    num_layers = cv.positive_int(config, "num_hidden_layers", where)
+    head_dim = cv.positive_int(config, "head_dim", where, None) or _exact_div(
+        hidden_size, num_heads, "hidden_size")
+    rope = cv.mapping(config, "rope_parameters", where)
+    if "full_attention" in rope:  # transformers 5: one dict per layer type
+        full = cv.mapping(rope, "full_attention", f"{where} rope_parameters")
+        local = cv.mapping(rope, "sliding_attention", f"{where} rope_parameters")
+        rope_theta = cv.number(full, "rope_theta", f"{where} rope_parameters", 1_000_000.0)
+        local_theta = cv.number(local, "rope_theta", f"{where} rope_parameters", 10_000.0)
+        scaling = _rope_scaling_from_dict(full, f"{where} rope_parameters full_attention")
+    else:
+        rope_theta = cv.number(config, "rope_theta", where, 1_000_000.0)
+        local_theta = cv.number(config, "rope_local_base_freq", where, 10_000.0)
+        scaling = _rope_scaling_from_dict(cv.mapping(config, "rope_scaling", where),
+                                          f"{where} rope_scaling")  # fmt: skip
+    layers = dict(config)
+    if "layer_types" not in layers:  # older configs: every `sliding_window_pattern`-th is full
+        pattern = cv.positive_int(config, "sliding_window_pattern", where, 6)
+        layers["layer_types"] = ["full_attention" if (i + 1) % pattern == 0
+                                 else "sliding_attention" for i in range(num_layers)]  # fmt: skip
+    return ModelConfig(
+        architecture="gemma3_text",
+        vocab_size=cv.positive_int(config, "vocab_size", where),
+        hidden_size=hidden_size,
+        intermediate_size=cv.positive_int(config, "intermediate_size", where),
+        num_layers=num_layers,
+        num_heads=num_heads,
+        num_kv_heads=cv.positive_int(config, "num_key_value_heads", where, num_heads),
+        head_dim=head_dim,
+        rms_norm_eps=cv.number(config, "rms_norm_eps", where, 1e-6),
+        rope_theta=rope_theta,
+        rope_scaling=scaling,
+        max_position_embeddings=cv.positive_int(config, "max_position_embeddings", where, 131072),
+        tie_word_embeddings=cv.flag(config, "tie_word_embeddings", where, True),
+        attention_bias=cv.flag(config, "attention_bias", where, False),
+        bos_token_id=cv.token_id(config, "bos_token_id", where),
+        eos_token_ids=cv.token_ids(config, "eos_token_id", where),
+        mlp_activation="gelu_tanh",
+        sandwich_norms=True,
+        qk_norm=True,
+        embed_scale=hidden_size**0.5,
+        attention_scale=cv.number(config, "query_pre_attn_scalar", where, head_dim) ** -0.5,
+        local_rope_theta=local_theta,
+        **_hf_sliding_layers(layers, num_layers),
+    )
 
 
 def _hf_sliding_layers(config: Mapping[str, Any], num_layers: int) -> dict[str, Any]:

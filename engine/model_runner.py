@@ -182,8 +182,8 @@ class ModelRunner:
         self.block_bytes = block_bytes
         self.device = model.device
         self.kv = kv
-        self.scale = head_dim**-0.5
         config = getattr(model, "config", None)
+        self.scale = config.softmax_scale if config is not None else head_dim**-0.5
         self.layer_windows = config.layer_windows if config is not None else ()
         self.copy_blocks = block_copier(kv.k, kv.v)  # copy-on-write copies, every layer
         calibrate_kv_scales(model, kv)

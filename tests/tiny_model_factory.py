@@ -64,6 +64,10 @@ def make_tiny_model_dir(folder: Path, architecture: str = "llama", seed: int = 0
     elif architecture == "mistral":
         config = transformers.MistralConfig(**common)
         model = transformers.MistralForCausalLM(config)
+    elif architecture == "gemma3":
+        common.setdefault("head_dim", common["hidden_size"] // common["num_attention_heads"])
+        config = transformers.Gemma3TextConfig(**common)
+        model = transformers.Gemma3ForCausalLM(config)
     else:
         raise ValueError(architecture)
     with torch.no_grad():  # sharper logits than the default init, so greedy has few near-ties

@@ -7,6 +7,7 @@ from torch import Tensor, nn
 from prefixcache.kernels import apply_rotary_
 
 from .attention_fn import AttentionFn
+from .norms import RMSNorm
 
 
 class AttentionProjection(nn.Module):
@@ -14,11 +15,12 @@ class AttentionProjection(nn.Module):
 
     `qkv_proj.weight` is `[(num_heads + 2 * num_kv_heads) * head_dim, hidden]`, rows ordered
     q, k, v (HF's q_proj, k_proj, v_proj concatenated at load time); `qkv_proj.bias` exists
-    only with `attention_bias` (Qwen2).
+    only with `attention_bias` (Qwen2). With `qk_norm` (Gemma 3) each query and key head is
+    RMS-normed over `head_dim` (`q_norm`, `k_norm`) before RoPE.
     """
 
     def __init__(self, layer_idx: int, hidden_size: int, num_heads: int, num_kv_heads: int,
-                 head_dim: int, bias: bool) -> None:
+                 head_dim: int, bias: bool, qk_norm: bool = False, eps: float = 1e-6) -> None:
         super().__init__()
         self.layer_idx = layer_idx
         self.num_heads = num_heads
@@ -27,6 +29,8 @@ class AttentionProjection(nn.Module):
         qkv_out = (num_heads + 2 * num_kv_heads) * head_dim
         self.qkv_proj = nn.Linear(hidden_size, qkv_out, bias=bias)
         self.o_proj = nn.Linear(num_heads * head_dim, hidden_size, bias=False)
+        self.q_norm = RMSNorm(head_dim, eps) if qk_norm else None
+        self.k_norm = RMSNorm(head_dim, eps) if qk_norm else None
 
     def forward(self, x: Tensor, cos_sin: Tensor, attention: AttentionFn,
                 output_rows: Tensor | None = None) -> Tensor:
@@ -37,6 +41,11 @@ class AttentionProjection(nn.Module):
         num_tokens = x.shape[0]
         qkv = self.qkv_proj(x).view(num_tokens, -1, self.head_dim)  # [T, H + 2 * KV, D]
         num_rotated = self.num_heads + self.num_kv_heads
+        if self.q_norm is not None and self.k_norm is not None:
+            for norm, heads in ((self.q_norm, slice(0, self.num_heads)),
+                                (self.k_norm, slice(self.num_heads, num_rotated))):  # fmt: skip
+                part = qkv[:, heads]  # [T, heads, D]
+                part.copy_(norm(part.reshape(-1, self.head_dim)).view(part.shape))
         # One in-place RoPE op over the query and key heads together.
         apply_rotary_(qkv[:, :num_rotated], cos_sin)
         q = qkv[:, : self.num_heads]  # [T, H, D]

@@ -46,12 +46,15 @@ class ContiguousAttention:
     Contract: all tokens passed to one forward belong to one sequence, in order, and continue
     exactly where the previous forward stopped. `reset()` starts a new sequence. Pass the
     model's `config.layer_windows` (one window or None per layer), or one window for every
-    layer (Mistral-style local attention).
+    layer (Mistral-style local attention), and `config.softmax_scale` where it is not
+    `head_dim ** -0.5` (Gemma).
     """
 
     def __init__(self, num_layers: int, use_cache: bool = True,
-                 sliding_window: int | Sequence[int | None] | None = None) -> None:
+                 sliding_window: int | Sequence[int | None] | None = None,
+                 scale: float | None = None) -> None:  # fmt: skip
         self.num_layers = num_layers
+        self.scale = scale
         self.use_cache = use_cache
         if sliding_window is None or isinstance(sliding_window, int):
             sliding_window = [sliding_window] * num_layers
@@ -84,41 +87,44 @@ class ContiguousAttention:
         if query_rows is not None:
             positions = query_rows + (keys.shape[1] - k.shape[0])  # [R] absolute positions
             out = _masked_attention(q.transpose(0, 1), keys, values,
-                                    self.layer_windows[layer_idx], positions)  # fmt: skip
+                                    self.layer_windows[layer_idx], positions,
+                                    scale=self.scale)  # fmt: skip
             return out.transpose(0, 1)  # [R, H, D]
         window = self.layer_windows[layer_idx]
-        out = causal_attention(q.transpose(0, 1), keys, values, window)  # [H, T, D]
+        out = causal_attention(q.transpose(0, 1), keys, values, window, self.scale)  # [H, T, D]
         return out.transpose(0, 1)  # [T, H, D]
 
 
-def causal_attention(q: Tensor, k: Tensor, v: Tensor, sliding_window: int | None = None) -> Tensor:
+def causal_attention(q: Tensor, k: Tensor, v: Tensor, sliding_window: int | None = None,
+                     scale: float | None = None) -> Tensor:  # fmt: skip
     """Bottom-right-aligned causal attention for one sequence with GQA.
 
     `q` `[H, T, D]` (the last T of S positions), `k`/`v` `[KV, S, D]` -> `[H, T, D]`.
     With `sliding_window` W, the query at position i sees only keys j with i - W < j <= i.
-    Inputs get a batch dim so CPU SDPA takes its flash kernel (3-D inputs, or GQA without
-    the batch dim, fall back to the much slower math kernel).
+    `scale` multiplies the scores (None: `D ** -0.5`). Inputs get a batch dim so CPU SDPA
+    takes its flash kernel (3-D inputs, or GQA without the batch dim, fall back to the much
+    slower math kernel).
     """
     num_heads, num_new, head_dim = q.shape
     num_kv_heads, num_total = k.shape[0], k.shape[1]
     gqa = num_heads != num_kv_heads
     if sliding_window is not None and num_total > sliding_window:
-        return _masked_attention(q, k, v, sliding_window)
+        return _masked_attention(q, k, v, sliding_window, scale=scale)
     if num_new == 1:
         # One new token sees every key: fold each group's query heads into the query axis,
         # `[1, KV, H / KV, D]`, so K/V are read once per KV head and no GQA expansion is needed.
         grouped = q.reshape(1, num_kv_heads, num_heads // num_kv_heads, head_dim)
-        out = F.scaled_dot_product_attention(grouped, k[None], v[None])
+        out = F.scaled_dot_product_attention(grouped, k[None], v[None], scale=scale)
         return out.reshape(num_heads, 1, head_dim)
     if num_new == num_total:
         out = F.scaled_dot_product_attention(q[None], k[None], v[None], is_causal=True,
-                                             enable_gqa=gqa)
+                                             enable_gqa=gqa, scale=scale)  # fmt: skip
         return out[0]
-    return _masked_attention(q, k, v, None)
+    return _masked_attention(q, k, v, None, scale=scale)
 
 
 def _masked_attention(q: Tensor, k: Tensor, v: Tensor, sliding_window: int | None,
-                      query_index: Tensor | None = None) -> Tensor:
+                      query_index: Tensor | None = None, scale: float | None = None) -> Tensor:
     """Explicit-mask path: chunked prefill after a cached prefix, a sliding window, or queries
     at the given absolute positions `query_index` `[T]` (default: the last T positions)."""
     num_new, num_total = q.shape[1], k.shape[1]
@@ -130,5 +136,5 @@ def _masked_attention(q: Tensor, k: Tensor, v: Tensor, sliding_window: int | Non
     if sliding_window is not None:
         mask &= offset < sliding_window
     out = F.scaled_dot_product_attention(q[None], k[None], v[None], attn_mask=mask,
-                                         enable_gqa=q.shape[0] != k.shape[0])
+                                         enable_gqa=q.shape[0] != k.shape[0], scale=scale)
     return out[0]

@@ -1,4 +1,4 @@
-"""Llama-family decoder (Llama, Mistral, Qwen2) over a flat varlen batch of tokens."""
+"""Llama-family decoder (Llama, Mistral, Qwen2) and Gemma 3 over a flat varlen batch of tokens."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from prefixcache.kernels.cpu.kernel_choice import (
 from prefixcache.kernels.cpu.kernel_timing import attention_candidates
 from prefixcache.kernels.dispatch import cpu_kernels
 
-from ..model_config import ModelConfig
+from ..model_config import ModelConfig, RopeScaling
 from .attention_fn import AttentionFn
 from .attention_projection import AttentionProjection
 from .greedy_head import build_greedy_screen
@@ -50,17 +50,26 @@ class DecoderLayer(nn.Module):
     inside the next norm (`RMSNorm.add_and_norm_`): the layer takes the previous block's output
     `delta` and the stream `residual` (None for the first layer, whose input is the embedding)
     and returns its MLP output with the stream before that output is added.
+
+    With `config.sandwich_norms` (Gemma 3) the attention and MLP outputs are normed too before
+    they join the stream: `post_attention_norm` norms the attention output, then
+    `pre_feedforward_norm` / `post_feedforward_norm` wrap the MLP.
     """
 
     def __init__(self, config: ModelConfig, layer_idx: int) -> None:
         super().__init__()
-        self.input_norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        eps = config.rms_norm_eps
+        self.input_norm = RMSNorm(config.hidden_size, eps)
         self.attn = AttentionProjection(
             layer_idx, config.hidden_size, config.num_heads, config.num_kv_heads,
-            config.head_dim, bias=config.attention_bias,
+            config.head_dim, bias=config.attention_bias, qk_norm=config.qk_norm, eps=eps,
         )
-        self.post_attention_norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.mlp = SwiGLUMLP(config.hidden_size, config.intermediate_size)
+        self.post_attention_norm = RMSNorm(config.hidden_size, eps)
+        self.sandwich = config.sandwich_norms
+        if self.sandwich:
+            self.pre_feedforward_norm = RMSNorm(config.hidden_size, eps)
+            self.post_feedforward_norm = RMSNorm(config.hidden_size, eps)
+        self.mlp = SwiGLUMLP(config.hidden_size, config.intermediate_size, config.mlp_activation)
         # (packed weights, LayerWeights or None) for the fused path, see `fused_weights`
         self._fused_cache: tuple[tuple[Tensor, ...], LayerWeights | None] | None = None
 
@@ -80,6 +89,10 @@ class DecoderLayer(nn.Module):
         attended = self.attn(normed, cos_sin, attention, output_rows)  # [T or R, hidden]
         if output_rows is not None:
             residual = residual.index_select(0, output_rows)  # [R, hidden]
+        if self.sandwich:
+            attended = self.post_attention_norm(attended)
+            normed = self.pre_feedforward_norm.add_and_norm_(attended, residual)
+            return self.post_feedforward_norm(self.mlp(normed)), residual
         normed = self.post_attention_norm.add_and_norm_(attended, residual)
         return self.mlp(normed), residual
 
@@ -89,6 +102,8 @@ class DecoderLayer(nn.Module):
         the same), or None: norms neither bf16 nor float32, a projection not on that dtype's
         compiled GEMM, or shapes the fused layer does not take."""
         attn, mlp = self.attn, self.mlp
+        if self.sandwich or attn.q_norm is not None or mlp.activation != "silu":
+            return None  # the fused layer is the Llama-family block
         linears = (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)
         dtype = self.input_norm.weight.dtype
         gemm = "compiled" if dtype is torch.bfloat16 else "compiled_f32"  # the flag to hold
@@ -151,6 +166,13 @@ class CausalLM(nn.Module):
             config.head_dim, config.rope_theta, config.rope_scaling,
             initial_positions=min(config.max_position_embeddings, _INITIAL_ROPE_POSITIONS),
         )
+        # Gemma 3's sliding layers rotate with their own base (and no scaling)
+        self.local_rotary = None if config.local_rope_theta is None else RotaryEmbedding(
+            config.head_dim, config.local_rope_theta, RopeScaling(),
+            initial_positions=min(config.max_position_embeddings, _INITIAL_ROPE_POSITIONS),
+        )
+        self._local_layers = frozenset(
+            i for i, window in enumerate(config.layer_windows) if window is not None)
         # (structure_generation, [(attention layer index, LayerWeights)] or None): see
         # `_fused_layers`
         self._fused_plan: tuple[int, list[tuple[int, LayerWeights]] | None] | None = None
@@ -185,7 +207,11 @@ class CausalLM(nn.Module):
                 f"{tuple(input_ids.shape)} and {tuple(positions.shape)}"
             )
         hidden = self.embed_tokens(input_ids)  # [T, hidden]
+        if self.config.embed_scale is not None:  # Gemma: the scale rounded to the weights' dtype
+            hidden = hidden * torch.tensor(self.config.embed_scale, dtype=hidden.dtype)
         cos_sin = self.rotary.cos_sin(positions, hidden.dtype)  # [T, 2, head_dim]
+        local_cos_sin = (None if self.local_rotary is None
+                         else self.local_rotary.cos_sin(positions, hidden.dtype))  # fmt: skip
         residual: Tensor | None = None
         fused = self._fused_run(attention, hidden)
         choice = self.kernel_choice
@@ -203,10 +229,13 @@ class CausalLM(nn.Module):
                 final_norm=(final, self.norm.eps) if fold else None,
             )
             return hidden if fold else self.norm.add_and_norm_(hidden, residual)
-        *body, last = self.layers
-        for layer in body:
-            hidden, residual = layer(hidden, residual, cos_sin, attention)
-        hidden, residual = last(hidden, residual, cos_sin, attention, output_rows)
+        last = len(self.layers) - 1
+        for index, layer in enumerate(self.layers):
+            rows = cos_sin
+            if local_cos_sin is not None and index in self._local_layers:
+                rows = local_cos_sin
+            hidden, residual = layer(hidden, residual, rows, attention,
+                                     output_rows if index == last else None)  # fmt: skip
         return self.norm.add_and_norm_(hidden, residual)
 
     def _fused_layers(self) -> list[tuple[int, LayerWeights]] | None:

@@ -34,8 +34,13 @@ def fuse_hf_state_dict(config: ModelConfig, hf: Mapping[str, Tensor],
             raise ValueError(f"checkpoint is missing tensor {name!r}")
         return remaining.pop(name)
 
+    def norm(name: str) -> Tensor:
+        """A norm's weight; Gemma's ``(1 + w)`` with the 1 folded in, in float32."""
+        weight = take(name)
+        return weight.float() + 1.0 if config.is_gemma else weight
+
     fused: dict[str, Tensor] = {"embed_tokens.weight": take("model.embed_tokens.weight"),
-                                "norm.weight": take("model.norm.weight")}
+                                "norm.weight": norm("model.norm.weight")}
     if config.tie_word_embeddings:
         remaining.pop("lm_head.weight", None)
     else:
@@ -43,8 +48,15 @@ def fuse_hf_state_dict(config: ModelConfig, hf: Mapping[str, Tensor],
     for i in range(config.num_layers):
         src, dst = f"model.layers.{i}.", f"layers.{i}."
         attn = src + "self_attn."
-        fused[dst + "input_norm.weight"] = take(src + "input_layernorm.weight")
-        fused[dst + "post_attention_norm.weight"] = take(src + "post_attention_layernorm.weight")
+        fused[dst + "input_norm.weight"] = norm(src + "input_layernorm.weight")
+        fused[dst + "post_attention_norm.weight"] = norm(src + "post_attention_layernorm.weight")
+        if config.sandwich_norms:
+            for ours, theirs in (("pre_feedforward_norm", "pre_feedforward_layernorm"),
+                                 ("post_feedforward_norm", "post_feedforward_layernorm")):
+                fused[f"{dst}{ours}.weight"] = norm(f"{src}{theirs}.weight")
+        if config.qk_norm:
+            for head in "qk":
+                fused[f"{dst}attn.{head}_norm.weight"] = norm(f"{attn}{head}_norm.weight")
         fused[dst + "attn.qkv_proj.weight"] = fuse_rows(
             *(take(f"{attn}{p}_proj.weight") for p in "qkv"), dtype=dtype)
         if config.attention_bias:
