@@ -14,8 +14,8 @@ from typing import Any
 from . import config_values as cv
 
 # HF `model_type` / GGUF `general.architecture` values this engine can run.
-SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2", "gemma3_text")
-GEMMA_ARCHITECTURES = ("gemma3_text",)
+SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2", "gemma2", "gemma3_text")
+GEMMA_ARCHITECTURES = ("gemma2", "gemma3_text")
 ROPE_TYPES = ("default", "linear", "llama3")
 # HF `hidden_act` values meaning SiLU (a.k.a. swish), the Llama-family MLP activation.
 SUPPORTED_ACTIVATIONS = ("silu", "swish")
@@ -88,6 +88,9 @@ class ModelConfig:
     embed_scale: float | None = None
     attention_scale: float | None = None  # None: head_dim ** -0.5
     local_rope_theta: float | None = None  # None: sliding layers use `rope_theta` too
+    # Gemma 2: attention scores become `cap * tanh(scores / cap)`, and so do the logits.
+    attn_logit_softcap: float | None = None
+    final_logit_softcap: float | None = None
 
     def __post_init__(self) -> None:
         if self.architecture not in SUPPORTED_ARCHITECTURES:
@@ -109,6 +112,10 @@ class ModelConfig:
             raise ValueError(f"head_dim must be even for RoPE, got {self.head_dim}")
         if self.sliding_window is not None and self.sliding_window <= 0:
             raise ValueError(f"sliding_window must be > 0 or None, got {self.sliding_window}")
+        for name in ("attn_logit_softcap", "final_logit_softcap"):
+            cap = getattr(self, name)
+            if cap is not None and not cap > 0:
+                raise ValueError(f"{name} must be > 0 or None, got {cap!r}")
         if self.mlp_activation not in ("silu", "gelu_tanh"):
             raise ValueError(f"mlp_activation must be 'silu' or 'gelu_tanh', got "
                              f"{self.mlp_activation!r}")  # fmt: skip
@@ -271,24 +278,30 @@ def _gguf_rope_scaling(metadata: Mapping[str, Any], arch: str) -> RopeScaling:
 
 
 def _gemma_config(config: Mapping[str, Any]) -> ModelConfig:
-    """Gemma 3 text (``gemma3_text``) from config.json; both rope layouts: transformers 5's
-    ``rope_parameters`` keyed by layer type, and 4.x's ``rope_theta`` +
-    ``rope_local_base_freq`` + ``rope_scaling`` (the global layers')."""
+    """Gemma 2 (``gemma2``) or Gemma 3 text (``gemma3_text``) from config.json. Gemma 3's
+    rope in both layouts: transformers 5's ``rope_parameters`` keyed by layer type, and 4.x's
+    ``rope_theta`` + ``rope_local_base_freq`` + ``rope_scaling`` (the global layers'). Gemma 2
+    alternates sliding and full layers, one rope base, soft-capped scores and logits."""
     where = "config.json"
+    gemma2 = config.get("model_type") == "gemma2"
     activation = config.get("hidden_activation", config.get("hidden_act", "gelu_pytorch_tanh"))
     if activation not in GELU_TANH_ACTIVATIONS:
         raise ValueError(f"{where}: hidden_activation is {activation!r}; Gemma runs "
                          f"{list(GELU_TANH_ACTIVATIONS)}")  # fmt: skip
-    for key in ("attn_logit_softcapping", "final_logit_softcapping"):
-        if config.get(key) is not None:
-            raise ValueError(f"{where}: {key} is not supported (Gemma 2 style soft-capping)")
+    caps = {key: cv.number(config, key, where, None)
+            for key in ("attn_logit_softcapping", "final_logit_softcapping")}  # fmt: skip
     hidden_size = cv.positive_int(config, "hidden_size", where)
     num_heads = cv.positive_int(config, "num_attention_heads", where)
     num_layers = cv.positive_int(config, "num_hidden_layers", where)
     head_dim = cv.positive_int(config, "head_dim", where, None) or _exact_div(
         hidden_size, num_heads, "hidden_size")
     rope = cv.mapping(config, "rope_parameters", where)
-    if "full_attention" in rope:  # transformers 5: one dict per layer type
+    if gemma2:
+        rope_theta = cv.number(rope, "rope_theta", f"{where} rope_parameters",
+                               cv.number(config, "rope_theta", where, 10_000.0))  # fmt: skip
+        local_theta = None
+        scaling = RopeScaling()
+    elif "full_attention" in rope:  # transformers 5: one dict per layer type
         full = cv.mapping(rope, "full_attention", f"{where} rope_parameters")
         local = cv.mapping(rope, "sliding_attention", f"{where} rope_parameters")
         rope_theta = cv.number(full, "rope_theta", f"{where} rope_parameters", 1_000_000.0)
@@ -301,11 +314,11 @@ def _gemma_config(config: Mapping[str, Any]) -> ModelConfig:
                                           f"{where} rope_scaling")  # fmt: skip
     layers = dict(config)
     if "layer_types" not in layers:  # older configs: every `sliding_window_pattern`-th is full
-        pattern = cv.positive_int(config, "sliding_window_pattern", where, 6)
+        pattern = 2 if gemma2 else cv.positive_int(config, "sliding_window_pattern", where, 6)
         layers["layer_types"] = ["full_attention" if (i + 1) % pattern == 0
                                  else "sliding_attention" for i in range(num_layers)]  # fmt: skip
     return ModelConfig(
-        architecture="gemma3_text",
+        architecture="gemma2" if gemma2 else "gemma3_text",
         vocab_size=cv.positive_int(config, "vocab_size", where),
         hidden_size=hidden_size,
         intermediate_size=cv.positive_int(config, "intermediate_size", where),
@@ -323,8 +336,10 @@ def _gemma_config(config: Mapping[str, Any]) -> ModelConfig:
         eos_token_ids=cv.token_ids(config, "eos_token_id", where),
         mlp_activation="gelu_tanh",
         sandwich_norms=True,
-        qk_norm=True,
+        qk_norm=not gemma2,
         embed_scale=hidden_size**0.5,
+        attn_logit_softcap=caps["attn_logit_softcapping"],
+        final_logit_softcap=caps["final_logit_softcapping"],
         attention_scale=cv.number(config, "query_pre_attn_scalar", where, head_dim) ** -0.5,
         local_rope_theta=local_theta,
         **_hf_sliding_layers(layers, num_layers),

@@ -60,15 +60,18 @@ class PagedAttention:
 
     def __init__(self, kv: PagedKVCache, meta: AttentionMetadata, scale: float,
                  prefill_implementation: str | None = None,
-                 layer_windows: Sequence[int | None] = ()) -> None:  # fmt: skip
+                 layer_windows: Sequence[int | None] = (),
+                 softcap: float | None = None) -> None:  # fmt: skip
         """``prefill_implementation`` names the prefill attention to run (``"sdpa"``: SDPA in
         the model's dtype, chosen by measurement for the step's row count); None: dispatch's
-        default. ``layer_windows[l]``: layer l's sliding window (None or absent: full)."""
+        default. ``layer_windows[l]``: layer l's sliding window (None or absent: full);
+        ``softcap``: the attention scores' soft-cap (Gemma 2), None for none."""
         self.kv = kv
         self.meta = meta
         self.scale = scale
         self.prefill_implementation = prefill_implementation
         self.layer_windows = tuple(layer_windows)
+        self.softcap = softcap
         self._step: PagedStep | None = None
 
     def paged_step(self, layer_idx: int) -> tuple[PagedStep, torch.Tensor, torch.Tensor] | None:
@@ -77,7 +80,8 @@ class PagedAttention:
         neither bf16 nor float32, the kernel backend not "auto")."""
         k_cache = self.kv.k[layer_idx]
         if (
-            self._window(layer_idx) is not None  # the fused layer attends fully
+            self._window(layer_idx) is not None  # the fused layer attends fully, uncapped
+            or self.softcap is not None
             or self.kv.k_scale[layer_idx] is not None
             or k_cache.dtype not in FUSED_DTYPES
             or not k_cache.is_cpu
@@ -131,13 +135,13 @@ class PagedAttention:
                 return q.new_empty(q.shape)
             return paged_decode_attention(
                 q, k_cache, v_cache, meta.sample_block_tables, meta.sample_seq_lens, self.scale,
-                k_scale, v_scale, window,
+                k_scale, v_scale, window, self.softcap,
             )
         split = meta.num_decode_tokens
         if split == q.shape[0]:
             return paged_decode_attention(
                 q, k_cache, v_cache, meta.decode_block_tables, meta.decode_seq_lens, self.scale,
-                k_scale, v_scale, window,
+                k_scale, v_scale, window, self.softcap,
             )
         prefill = paged_prefill_attention(
             q[split:],
@@ -153,12 +157,13 @@ class PagedAttention:
             v_scale,
             implementation=self.prefill_implementation,
             sliding_window=window,
+            softcap=self.softcap,
         )
         if split == 0:
             return prefill
         decode = paged_decode_attention(
             q[:split], k_cache, v_cache, meta.decode_block_tables, meta.decode_seq_lens, self.scale,
-            k_scale, v_scale, window,
+            k_scale, v_scale, window, self.softcap,
         )
         return torch.cat([decode, prefill])
 
@@ -185,6 +190,7 @@ class ModelRunner:
         config = getattr(model, "config", None)
         self.scale = config.softmax_scale if config is not None else head_dim**-0.5
         self.layer_windows = config.layer_windows if config is not None else ()
+        self.softcap = config.attn_logit_softcap if config is not None else None
         self.copy_blocks = block_copier(kv.k, kv.v)  # copy-on-write copies, every layer
         calibrate_kv_scales(model, kv)
 
@@ -227,6 +233,7 @@ class ModelRunner:
         implementation = (
             None if choice is None else choice.implementation("attention", meta.input_ids.shape[0])
         )
-        attention = PagedAttention(self.kv, meta, self.scale, implementation, self.layer_windows)
+        attention = PagedAttention(self.kv, meta, self.scale, implementation, self.layer_windows,
+                                   self.softcap)  # fmt: skip
         # Only the sampled rows leave the last layer.
         return self.model(meta.input_ids, meta.positions, attention, meta.sample_rows)

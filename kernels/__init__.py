@@ -125,12 +125,15 @@ def paged_decode_attention(
     k_scale: torch.Tensor | None = None,
     v_scale: torch.Tensor | None = None,
     sliding_window: int | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:  # [num_seqs, num_heads, head_dim]
-    """One query per sequence over its paged KV (its last ``sliding_window`` tokens: the
-    torch reference does the masking, on every device, until the kernels take a window)."""
-    if sliding_window is not None:
+    """One query per sequence over its paged KV (its last ``sliding_window`` tokens; scores
+    soft-capped by ``softcap``: the torch reference does both, on every device, until the
+    kernels take them)."""
+    if sliding_window is not None or softcap is not None:
         return paged_decode_attention_reference(q, k_cache, v_cache, block_tables, seq_lens,
-                                                scale, k_scale, v_scale, sliding_window)
+                                                scale, k_scale, v_scale, sliding_window,
+                                                softcap)  # fmt: skip
     if uses_triton(q):
         impl = triton_kernels().paged_decode_attention_triton
     elif uses_cpu_kernel(q, k_cache, k_scale):
@@ -156,16 +159,18 @@ def paged_prefill_attention(
     v_scale: torch.Tensor | None = None,
     implementation: str | None = None,
     sliding_window: int | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
     """Varlen new tokens: full attention over the paged context, causal over themselves.
     ``implementation="sdpa"`` runs SDPA in the query dtype on CPU tensors (what the kernel
     choice picks where it is measured faster, see ``prefixcache.kernels.cpu.kernel_choice``);
     by default the dispatch rule of ``prefixcache.kernels.dispatch`` applies. A
-    ``sliding_window`` layer runs the torch reference (masking keys outside the window)."""
-    if sliding_window is not None:
+    ``sliding_window`` layer, or one with soft-capped scores, runs the torch reference."""
+    if sliding_window is not None or softcap is not None:
         return paged_prefill_attention_reference(
             q, k, v, k_cache, v_cache, block_tables, query_start_loc, context_lens, scale,
             k_scale, v_scale, widen=implementation != "sdpa", sliding_window=sliding_window,
+            softcap=softcap,
         )  # fmt: skip
     if implementation == "sdpa" and not q.is_cuda:
         impl = paged_prefill_attention_sdpa

@@ -64,6 +64,10 @@ def make_tiny_model_dir(folder: Path, architecture: str = "llama", seed: int = 0
     elif architecture == "mistral":
         config = transformers.MistralConfig(**common)
         model = transformers.MistralForCausalLM(config)
+    elif architecture == "gemma2":
+        common.setdefault("head_dim", common["hidden_size"] // common["num_attention_heads"])
+        config = transformers.Gemma2Config(**common)
+        model = transformers.Gemma2ForCausalLM(config)
     elif architecture == "gemma3":
         common.setdefault("head_dim", common["hidden_size"] // common["num_attention_heads"])
         config = transformers.Gemma3TextConfig(**common)

@@ -46,15 +46,16 @@ class ContiguousAttention:
     Contract: all tokens passed to one forward belong to one sequence, in order, and continue
     exactly where the previous forward stopped. `reset()` starts a new sequence. Pass the
     model's `config.layer_windows` (one window or None per layer), or one window for every
-    layer (Mistral-style local attention), and `config.softmax_scale` where it is not
-    `head_dim ** -0.5` (Gemma).
+    layer (Mistral-style local attention), `config.softmax_scale` where it is not
+    `head_dim ** -0.5` (Gemma) and `config.attn_logit_softcap` (Gemma 2).
     """
 
     def __init__(self, num_layers: int, use_cache: bool = True,
                  sliding_window: int | Sequence[int | None] | None = None,
-                 scale: float | None = None) -> None:  # fmt: skip
+                 scale: float | None = None, softcap: float | None = None) -> None:  # fmt: skip
         self.num_layers = num_layers
         self.scale = scale
+        self.softcap = softcap
         self.use_cache = use_cache
         if sliding_window is None or isinstance(sliding_window, int):
             sliding_window = [sliding_window] * num_layers
@@ -88,10 +89,14 @@ class ContiguousAttention:
             positions = query_rows + (keys.shape[1] - k.shape[0])  # [R] absolute positions
             out = _masked_attention(q.transpose(0, 1), keys, values,
                                     self.layer_windows[layer_idx], positions,
-                                    scale=self.scale)  # fmt: skip
+                                    scale=self.scale, softcap=self.softcap)  # fmt: skip
             return out.transpose(0, 1)  # [R, H, D]
         window = self.layer_windows[layer_idx]
-        out = causal_attention(q.transpose(0, 1), keys, values, window, self.scale)  # [H, T, D]
+        if self.softcap is not None:
+            out = _masked_attention(q.transpose(0, 1), keys, values, window, scale=self.scale,
+                                    softcap=self.softcap)  # fmt: skip
+        else:
+            out = causal_attention(q.transpose(0, 1), keys, values, window, self.scale)
         return out.transpose(0, 1)  # [T, H, D]
 
 
@@ -124,7 +129,8 @@ def causal_attention(q: Tensor, k: Tensor, v: Tensor, sliding_window: int | None
 
 
 def _masked_attention(q: Tensor, k: Tensor, v: Tensor, sliding_window: int | None,
-                      query_index: Tensor | None = None, scale: float | None = None) -> Tensor:
+                      query_index: Tensor | None = None, scale: float | None = None,
+                      softcap: float | None = None) -> Tensor:  # fmt: skip
     """Explicit-mask path: chunked prefill after a cached prefix, a sliding window, or queries
     at the given absolute positions `query_index` `[T]` (default: the last T positions)."""
     num_new, num_total = q.shape[1], k.shape[1]
@@ -135,6 +141,13 @@ def _masked_attention(q: Tensor, k: Tensor, v: Tensor, sliding_window: int | Non
     mask = offset >= 0  # [T, S] bool
     if sliding_window is not None:
         mask &= offset < sliding_window
+    if softcap is not None:  # Gemma 2, op by op as transformers' eager attention
+        group = q.shape[0] // k.shape[0]
+        keys, values = k.repeat_interleave(group, 0), v.repeat_interleave(group, 0)
+        scores = torch.matmul(q, keys.transpose(1, 2)) * (scale or q.shape[-1] ** -0.5)
+        scores = torch.tanh(scores / softcap) * softcap
+        scores = scores.float().masked_fill(~mask, float("-inf"))
+        return torch.matmul(torch.softmax(scores, dim=-1).to(q.dtype), values)
     out = F.scaled_dot_product_attention(q[None], k[None], v[None], attn_mask=mask,
                                          enable_gqa=q.shape[0] != k.shape[0], scale=scale)
     return out[0]

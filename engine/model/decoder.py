@@ -277,10 +277,14 @@ class CausalLM(nn.Module):
 
     @torch.inference_mode()
     def compute_logits(self, hidden: Tensor) -> Tensor:
-        """`hidden` `[n, hidden]` -> logits `[n, vocab]` float32 (matmul in the model dtype)."""
+        """`hidden` `[n, hidden]` -> logits `[n, vocab]` float32 (matmul in the model dtype;
+        Gemma 2's `cap * tanh(logits / cap)` after it)."""
         if self.lm_head is None:  # tied to the embedding
-            return F.linear(hidden, self.embed_tokens.weight).float()
-        return self.lm_head(hidden).float()
+            logits = F.linear(hidden, self.embed_tokens.weight).float()
+        else:
+            logits = self.lm_head(hidden).float()
+        cap = self.config.final_logit_softcap
+        return logits if cap is None else torch.tanh(logits / cap).mul_(cap)
 
     @property
     def greedy_screen(self) -> GreedyScreen | None:
@@ -293,7 +297,9 @@ class CausalLM(nn.Module):
         `compute_logits(hidden)` (the lowest id among equal maxima). On CPU with a packed bf16
         head, a few rows go through the head's int8 screening copy (`greedy_head`), reading
         half its bytes; the token is the same. `use_greedy_screen = False` turns that off."""
-        if self._greedy_screen is not None and self.use_greedy_screen and hidden.is_cpu:
+        screen_ok = self.config.final_logit_softcap is None  # capping can tie large logits
+        if self._greedy_screen is not None and self.use_greedy_screen and hidden.is_cpu \
+                and screen_ok:  # fmt: skip
             head, screen = self._greedy_screen
             if self.lm_head is head:  # not replaced since it was screened
                 tokens = cpu_kernels().screened_argmax(hidden, screen, head.packed)

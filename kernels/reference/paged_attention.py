@@ -40,12 +40,14 @@ def paged_prefill_attention_reference(
     v_scale: torch.Tensor | None = None,
     widen: bool = True,
     sliding_window: int | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
     """Each new token attends to its sequence's whole cached context and, causally, to the new
     tokens up to itself. The new tokens' k/v come from ``k``/``v``, not from the cache.
     ``widen`` runs 16-bit inputs in float32 (see ``_widened``); without it SDPA runs in the
     query dtype (``paged_prefill_attention_sdpa``). With ``sliding_window`` W the token at
-    position i sees only keys j with i - W < j <= i."""
+    position i sees only keys j with i - W < j <= i. With ``softcap`` c the scores become
+    ``c * tanh(scores / c)`` before the softmax (Gemma 2)."""
     widened = _widened if widen else _unchanged
     out = torch.empty_like(q)
     starts = query_start_loc.tolist()
@@ -61,7 +63,7 @@ def paged_prefill_attention_reference(
             keys = torch.cat([dequantize(cached_k, k_scale, q.dtype), keys])
             values = torch.cat([dequantize(cached_v, v_scale, q.dtype), values])
         attended = _attend(widened(q[begin:end]), widened(keys), widened(values), context, scale,
-                           sliding_window)  # fmt: skip
+                           sliding_window, softcap)  # fmt: skip
         out[begin:end] = attended  # rounded to the query dtype once, here
     return out
 
@@ -110,12 +112,13 @@ def _attend(
     context: int,
     scale: float,
     sliding_window: int | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:  # [new, num_heads, head_dim]
     new, num_heads, head_dim = q.shape
     num_kv_heads = keys.shape[1]
     group = num_heads // num_kv_heads
     windowed = sliding_window is not None and context + new > sliding_window
-    if context == 0 and not windowed:
+    if context == 0 and not windowed and softcap is None:
         # Square causal attention: SDPA's fused causal path (4-D inputs select the CPU flash
         # kernel; 3-D ones fall back to the math path), KV heads expanded to query heads
         # (SDPA's own enable_gqa is several times slower on CPU).
@@ -137,6 +140,11 @@ def _attend(
     visible = keys_at <= rows
     if windowed:
         visible &= keys_at > rows - sliding_window
+    if softcap is not None:
+        out = _softcapped(folded, keys.transpose(0, 1), values.transpose(0, 1), visible, scale,
+                          softcap)  # fmt: skip
+        out = out.reshape(num_kv_heads, new, group, head_dim).permute(1, 0, 2, 3)
+        return out.reshape(new, num_heads, head_dim)
     mask = additive_mask(visible, q.dtype)  # [new*group, total]
     out = F.scaled_dot_product_attention(
         folded[None],
@@ -147,6 +155,24 @@ def _attend(
     )[0]  # [kv_heads, new*group, dim]
     out = out.reshape(num_kv_heads, new, group, head_dim).permute(1, 0, 2, 3)
     return out.reshape(new, num_heads, head_dim)
+
+
+def _softcapped(
+    q: torch.Tensor,  # [kv_heads, rows, head_dim]
+    keys: torch.Tensor,  # [kv_heads, total, head_dim]
+    values: torch.Tensor,  # [kv_heads, total, head_dim]
+    visible: torch.Tensor,  # [rows, total] bool
+    scale: float,
+    softcap: float,
+) -> torch.Tensor:  # [kv_heads, rows, head_dim]
+    """Attention with soft-capped scores, op by op as transformers' eager Gemma 2 does
+    (SDPA has no soft-cap): ``softmax(c * tanh(q.k * scale / c) + mask) @ v``, the softmax in
+    float32."""
+    scores = torch.matmul(q, keys.transpose(1, 2)) * scale  # [kv, rows, total]
+    scores = torch.tanh(scores / softcap) * softcap
+    scores = scores.float() + additive_mask(visible, torch.float32)
+    weights = torch.softmax(scores, dim=-1).to(q.dtype)
+    return torch.matmul(weights, values)
 
 
 def additive_mask(visible: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -178,28 +204,24 @@ def paged_decode_attention_reference(
     k_scale: torch.Tensor | None = None,  # [], [num_kv_heads] or [num_kv_heads, head_dim]
     v_scale: torch.Tensor | None = None,
     sliding_window: int | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:  # [num_seqs, num_heads, head_dim]
     """Each sequence's single query attends to all of its ``seq_lens`` cached tokens (the last
-    ``sliding_window`` of them)."""
+    ``sliding_window`` of them; scores soft-capped by ``softcap``)."""
     num_seqs = q.shape[0]
     block_size = k_cache.shape[1]
-    max_len = int(seq_lens.max())
-    max_blocks = -(-max_len // block_size)
-    table = block_tables[:, :max_blocks].long()  # [num_seqs, max_blocks]
-    kv_shape = (num_seqs, max_blocks * block_size, k_cache.shape[2], k_cache.shape[3])
+    lengths = seq_lens.to(q.device).unsqueeze(1).long()  # [num_seqs, 1]
+    table, first = _visible_blocks(block_tables, lengths, block_size, sliding_window)
+    max_len = table.shape[1] * block_size
+    kv_shape = (num_seqs, max_len, k_cache.shape[2], k_cache.shape[3])
     flat = table.reshape(-1)  # index_select: several times faster than cache[table] on CPU
-    keys = dequantize(
-        k_cache.index_select(0, flat).reshape(kv_shape)[:, :max_len], k_scale, q.dtype
-    )
-    values = dequantize(
-        v_cache.index_select(0, flat).reshape(kv_shape)[:, :max_len], v_scale, q.dtype
-    )
-    # keys, values: [num_seqs, max_len, kv_heads, head_dim]
-    positions = torch.arange(max_len, device=q.device)
-    lengths = seq_lens.to(q.device).unsqueeze(1)  # [num_seqs, 1]
-    visible = positions.unsqueeze(0) < lengths  # [num_seqs, max_len]
+    keys = dequantize(k_cache.index_select(0, flat).reshape(kv_shape), k_scale, q.dtype)
+    values = dequantize(v_cache.index_select(0, flat).reshape(kv_shape), v_scale, q.dtype)
+    # keys, values: [num_seqs, max_len, kv_heads, head_dim], sequence s from position first[s]
+    positions = first + torch.arange(max_len, device=q.device).unsqueeze(0)  # [seqs, max_len]
+    visible = positions < lengths  # [num_seqs, max_len]
     if sliding_window is not None:
-        visible &= positions.unsqueeze(0) >= lengths - sliding_window
+        visible &= positions >= lengths - sliding_window
     mask = additive_mask(visible, q.dtype)
     num_heads, head_dim = q.shape[1], q.shape[2]
     num_kv_heads = k_cache.shape[2]
@@ -210,7 +232,32 @@ def paged_decode_attention_reference(
     # float32.
     grouped = _widened(q).reshape(num_seqs, num_kv_heads, group, head_dim)
     scores = torch.matmul(grouped, _widened(keys).permute(0, 2, 3, 1))  # [seqs, kv, group, len]
-    scores = scores.float().mul_(scale).add_(mask[:, None, None, :])
+    scores = scores.float().mul_(scale)
+    if softcap is not None:
+        scores = torch.tanh(scores / softcap).mul_(softcap)
+    scores = scores.add_(mask[:, None, None, :])
     weights = torch.softmax(scores, dim=-1).to(grouped.dtype)
     out = torch.matmul(weights, _widened(values).transpose(1, 2))  # [seqs, kv, group, dim]
     return out.reshape(num_seqs, num_heads, head_dim).to(q.dtype)
+
+
+def _visible_blocks(
+    block_tables: torch.Tensor,  # [num_seqs, max_blocks] int32
+    lengths: torch.Tensor,  # [num_seqs, 1] int64: tokens each sequence's query sees up to
+    block_size: int,
+    sliding_window: int | None,
+) -> tuple[torch.Tensor, torch.Tensor]:  # [num_seqs, blocks] int64, [num_seqs, 1] int64
+    """The blocks holding each sequence's visible keys, and the position of each row's first
+    key. Without a window, blocks 0 on; with one, from the block of the window's first key, so
+    a sliding layer reads about ``sliding_window`` keys whatever the context. Columns past a
+    sequence's last block repeat it (their keys are masked)."""
+    num_blocks = -(-lengths // block_size)  # [num_seqs, 1]
+    start = torch.zeros_like(lengths)
+    if sliding_window is not None:
+        start = (lengths - sliding_window).clamp_(min=0) // block_size
+    width = int((num_blocks - start).max())
+    columns = start + torch.arange(width, device=lengths.device).unsqueeze(0)  # [seqs, width]
+    columns = torch.minimum(columns, (num_blocks - 1).clamp_(min=0))
+    table = block_tables.to(lengths.device).long().gather(1, columns)
+    return table, start * block_size
+
