@@ -192,3 +192,29 @@ def test_structured_output_quick(tmp_path):
             row["seconds_per_token"])
     assert set(result["compile"]) == {"cold_s", "cached_s", "matcher_s"}
     assert result["agent_turn"]["prefix_tokens"] >= 256
+
+
+def run_script(script: str, *args: str) -> None:
+    command = [sys.executable, str(BENCHMARKS / script), *args]
+    completed = subprocess.run(command, capture_output=True, text=True, timeout=300, check=False)
+    assert completed.returncode == 0, completed.stderr[-3000:]
+
+
+def test_sliding_window_small(tmp_path):
+    out = tmp_path / "sliding.json"
+    run_script("sliding_window.py", "--rounds", "1", "--prefix", "256", "--json", str(out))
+    result = json.loads(out.read_text())
+    rows = result["kv_bytes_per_sequence"]
+    assert [r["context"] for r in rows] == [4096, 32768, 131072]
+    assert all(r["with_group_release_mib"] < r["engine_today_mib"] for r in rows)
+    assert {"sliding_ms", "global_ms"} <= set(result["decode_attention"][0])
+    assert result["ttft"]["prefix"] == 256 and result["ttft"]["warm_s"] > 0
+
+
+def test_router_overhead_decisions(tmp_path):
+    out = tmp_path / "overhead.json"
+    run_script("router_overhead.py", "--tokens", "1024", "--backends", "3", "--seconds", "0.1",
+               "--skip-proxy", "--json", str(out))  # fmt: skip
+    decision = json.loads(out.read_text())["decision"]
+    assert decision["prompt_tokens"] == 1024 and decision["backends"] == 3
+    assert decision["decision_p50_ms"] > 0
