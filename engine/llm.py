@@ -30,10 +30,11 @@ from prefixcache.engine.kv_tier_codec import tier_codec, tier_storage_dtype
 from prefixcache.engine.kv_tiers import KVTiers
 from prefixcache.engine.model_registry import DEFAULT_MODEL, load_model
 from prefixcache.engine.model_runner import ModelRunner
-from prefixcache.engine.outputs import RequestOutput
+from prefixcache.engine.outputs import RequestOutput, TokenLogprob
 from prefixcache.engine.prompt_inputs import normalize_prompts, single_prompt, to_token_ids
+from prefixcache.engine.prompt_logprobs import prompt_token_logprobs
 from prefixcache.engine.remote_kv_tier import RemoteKVTier
-from prefixcache.engine.sampling_params import SamplingParams
+from prefixcache.engine.sampling_params import MAX_LOGPROBS, SamplingParams
 from prefixcache.engine.scheduler import Scheduler
 from prefixcache.engine.scheduling_policy import SchedulingPolicy
 from prefixcache.engine.structured_output import GrammarCompiler
@@ -302,6 +303,17 @@ class LLM:
 
     def _encode_one(self, prompt: Any) -> np.ndarray:  # [num_tokens] int32
         return self._token_ids(single_prompt(prompt))
+
+    def prompt_logprobs(self, prompt: str | Sequence[int],
+                        top: int = 0) -> list[TokenLogprob | None]:  # fmt: skip
+        """Each prompt token's log probability given the ones before it (None for the first),
+        its rank and the ``top`` (0..20) likeliest tokens there, recomputed from the prompt
+        (``prefixcache.engine.prompt_logprobs``); the cache is neither read nor changed."""
+        if isinstance(top, bool) or not isinstance(top, int) or not 0 <= top <= MAX_LOGPROBS:
+            raise ValueError(f"top must be an int in [0, {MAX_LOGPROBS}], got {top!r}")
+        token_ids = self._token_ids(prompt)
+        return prompt_token_logprobs(self.engine.runner.model, self.config, token_ids.tolist(),
+                                     top)  # fmt: skip
 
     def _token_ids(self, prompt: str | Sequence[int]) -> np.ndarray:  # [num_tokens] int32
         return to_token_ids(prompt, self.tokenizer.encode, self.config.vocab_size,

@@ -9,11 +9,13 @@ from dataclasses import dataclass, field
 class TokenLogprob:
     """A sampled token's log probability under the model's own distribution (the raw logits'
     log-softmax, before penalties, biases, temperature or a grammar), and the ``top`` tokens'
-    ``(token id, log probability)``, likeliest first."""
+    ``(token id, log probability)``, likeliest first. ``rank`` (1: the likeliest) where it was
+    computed (a prompt token's)."""
 
     token_id: int
     logprob: float
     top: tuple[tuple[int, float], ...] = ()
+    rank: int | None = None
 
 
 @dataclass

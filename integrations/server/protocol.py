@@ -92,10 +92,13 @@ class SamplingFields(StrictRequest):
 
 class CompletionRequest(SamplingFields):
     """``prompt``: text, token ids, or a list of either (one choice set per prompt).
-    ``logprobs``: how many top tokens to report beside each sampled one (0: only it)."""
+    ``logprobs``: how many top tokens to report beside each sampled one (0: only it); with
+    ``echo``, beside each prompt token too. ``prompt_logprobs`` (vLLM's): the prompt tokens'
+    log probabilities and that many top tokens at each position."""
 
     logprobs: Annotated[Int64, checked(minimum=0, maximum=20)] | None = None
     echo: bool = False
+    prompt_logprobs: Annotated[Int64, checked(minimum=0, maximum=20)] | None = None
 
     prompt: PromptText | Texts | TokenIds | Annotated[
         list[TokenIds], Field(fail_fast=True, json_schema_extra={"minItems": 1})]
@@ -139,6 +142,7 @@ class ChatCompletionRequest(SamplingFields):
     max_completion_tokens: Annotated[Int64, checked(minimum=1)] | None = None
     logprobs: bool = False
     top_logprobs: Annotated[Int64, checked(minimum=0, maximum=20)] | None = None
+    prompt_logprobs: Annotated[Int64, checked(minimum=0, maximum=20)] | None = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool = True
@@ -212,9 +216,22 @@ class CompletionLogprobs(BaseModel):
     (text -> log probability) and character offset in the choice's text."""
 
     tokens: list[str] = Field(default_factory=list)
-    token_logprobs: list[float] = Field(default_factory=list)
-    top_logprobs: list[dict[str, float]] = Field(default_factory=list)
+    token_logprobs: list[float | None] = Field(default_factory=list)  # null: the first token
+    top_logprobs: list[dict[str, float] | None] = Field(default_factory=list)  # of an echo
     text_offset: list[int] = Field(default_factory=list)
+
+
+class PromptLogprob(BaseModel):
+    """vLLM's entry for one token at one prompt position."""
+
+    logprob: float
+    rank: int | None = None
+    decoded_token: str | None = None
+
+
+PromptLogprobs = list[dict[str, PromptLogprob] | None]
+"""Per prompt position (None for the first): token id (as a string) -> its entry; the prompt's
+own token and the top tokens asked for."""
 
 
 class CompletionChoice(BaseModel):
@@ -222,6 +239,7 @@ class CompletionChoice(BaseModel):
     text: str
     logprobs: CompletionLogprobs | None = None
     finish_reason: str | None = None
+    prompt_logprobs: PromptLogprobs | None = None
 
 
 class CompletionResponse(BaseModel):
@@ -281,6 +299,7 @@ class ChatCompletionResponse(BaseModel):
     model: str
     choices: list[ChatChoice]
     usage: Usage | None = None
+    prompt_logprobs: PromptLogprobs | None = None
 
 
 class _OmitsNone(BaseModel):

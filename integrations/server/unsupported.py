@@ -27,11 +27,8 @@ def _absent_or(*neutral: Any) -> Callable[[Any], bool]:
 
 # field -> whether a value of it asks for nothing this server would leave out
 NEUTRAL: dict[str, dict[str, Callable[[Any], bool]]] = {
-    "completions": {"suffix": _absent_or(""), "best_of": _absent_or(1),
-                    # vLLM's: the logits of every prompt token, which a prefix hit never
-                    # computed (refused rather than served by recomputing the prefix)
-                    "prompt_logprobs": _absent_or()},
-    "chat": {"prompt_logprobs": _absent_or()},
+    "completions": {"suffix": _absent_or(""), "best_of": _absent_or(1)},
+    "chat": {},
 }
 
 

@@ -18,8 +18,6 @@ CHAT = {"model": SERVED_NAME, "messages": [{"role": "user", "content": "hi"}], "
 REFUSED = [
     ("/v1/completions", COMPLETION, "suffix", "def f():"),
     ("/v1/completions", COMPLETION, "best_of", 3),
-    ("/v1/completions", COMPLETION, "prompt_logprobs", 0),  # 0: each prompt token's own
-    ("/v1/chat/completions", CHAT, "prompt_logprobs", 2),
 ]
 
 NEUTRAL = [
@@ -67,8 +65,7 @@ def test_the_openai_client_gets_a_bad_request_naming_the_field(server: Backgroun
 
 def test_neutral_is_decided_by_type_as_well_as_value() -> None:
     refuse_unsupported("completions", {"best_of": 1, "suffix": ""})
-    for route, extra in [("completions", {"best_of": 1.0}), ("completions", {"suffix": False}),
-                         ("chat", {"prompt_logprobs": 0})]:
+    for route, extra in [("completions", {"best_of": 1.0}), ("completions", {"suffix": False})]:
         with pytest.raises(ApiError) as raised:
             refuse_unsupported(route, extra)
         assert raised.value.param == next(iter(extra))
