@@ -35,7 +35,7 @@ def run_quick(script: str, out: Path, *extra: str) -> dict:
 
 def test_fragmentation_quick(tmp_path):
     result = run_quick("fragmentation.py", tmp_path / "nested" / "fragmentation.json")
-    assert set(result) == {"config", "trace", "contiguous", "paged", "ratios"}
+    assert set(result) == {"config", "trace", "contiguous", "paged", "ratios", "run"}
     assert result["config"]["quick"] is True
     metrics = {"utilization", "occupancy", "max_concurrent", "mean_concurrent", "steps"}
     for policy in ("contiguous", "paged"):
@@ -51,7 +51,8 @@ def test_fragmentation_quick(tmp_path):
 
 def test_prefixcache_bench_quick(tmp_path):
     result = run_quick("prefixcache_bench.py", tmp_path / "bench.json")
-    assert set(result) == {"config", "match", "scale", "evicting_allocate", "ratios", "targets"}
+    assert set(result) == {"config", "match", "scale", "evicting_allocate", "ratios", "targets",
+                           "run"}
     expected_targets = {
         "match_numpy_ms",
         "speedup_vs_vllm_sha256",
@@ -218,3 +219,14 @@ def test_router_overhead_decisions(tmp_path):
     decision = json.loads(out.read_text())["decision"]
     assert decision["prompt_tokens"] == 1024 and decision["backends"] == 3
     assert decision["decision_p50_ms"] > 0
+
+
+def test_reports_record_their_run_and_render_as_markdown(tmp_path):
+    out = tmp_path / "fragmentation.json"
+    result = run_quick("fragmentation.py", out)
+    run = result["run"]
+    assert run["cpu"] and run["torch"] == torch.__version__ and run["git_revision"]
+    command = [sys.executable, str(BENCHMARKS / "report.py"), str(out)]
+    markdown = subprocess.run(command, capture_output=True, text=True, check=True).stdout
+    assert markdown.startswith("## `fragmentation.json`") and run["cpu"] in markdown
+    assert "| ratio" in markdown or "### ratios" in markdown

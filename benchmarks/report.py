@@ -1,0 +1,96 @@
+"""Turn a benchmark's JSON report into the Markdown tables the docs show, headed by the run it
+came from (CPU, kernel flags, torch, git revision, date), so no figure is typed by hand.
+
+    python benchmarks/report.py results/sliding_window.json [more.json ...] [--out FILE.md]
+
+Lists of objects become one table each (a column per key); objects of numbers or strings a
+two-column table; nested objects a section each.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+
+def run_line(run: dict[str, Any] | None) -> str:
+    if not run:
+        return "_Run not recorded (a report written before runs were recorded)._"
+    flags = ", ".join(run.get("kernel_flags", [])) or "none of the kernel flags"
+    return (f"_{run.get('cpu', '?')} (family {run.get('cpu_family', '?')}, model "
+            f"{run.get('cpu_model_number', '?')}; {flags}), torch {run.get('torch', '?')}, "
+            f"revision {run.get('git_revision', '?')}, {run.get('date', '?')}._")  # fmt: skip
+
+
+def cell(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:,.4g}" if abs(value) < 1e5 else f"{value:,.0f}"
+    if isinstance(value, int) and not isinstance(value, bool):
+        return f"{value:,}"
+    if isinstance(value, list | dict):
+        return json.dumps(value)
+    return str(value)
+
+
+def table(rows: list[dict[str, Any]]) -> list[str]:
+    columns: list[str] = []
+    for row in rows:
+        columns += [key for key in row if key not in columns]
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(cell(row.get(c, "")) for c in columns) + " |" for row in rows]
+    return lines
+
+
+def section(name: str, value: Any, depth: int) -> list[str]:
+    heading = "#" * min(depth, 6) + f" {name}"
+    if isinstance(value, list) and value and all(isinstance(v, dict) for v in value):
+        return [heading, "", *table(value), ""]
+    if isinstance(value, dict):
+        scalars = {k: v for k, v in value.items() if not isinstance(v, dict | list)}
+        nested = {k: v for k, v in value.items() if isinstance(v, dict | list)}
+        lines = [heading, ""]
+        if scalars:
+            lines += ["| measure | value |", "|---|---|"]
+            lines += [f"| {k} | {cell(v)} |" for k, v in scalars.items()]
+            lines.append("")
+        for key, inner in nested.items():
+            lines += section(key, inner, depth + 1)
+        return lines
+    return [heading, "", cell(value), ""]
+
+
+def report_markdown(path: Path, level: int = 2) -> str:
+    """The report at ``path`` as Markdown: a heading of ``level`` naming the file, the run's
+    line, then its tables under headings one level down."""
+    data = json.loads(path.read_text())
+    run = data.get("run") if isinstance(data, dict) else None
+    lines = ["#" * level + f" `{path.name}`", "", run_line(run), ""]
+    if not isinstance(data, dict):
+        return "\n".join(lines + section("results", data, level + 1)).rstrip() + "\n"
+    settings = {k: v for k, v in data.items() if k != "run" and not isinstance(v, dict | list)}
+    if settings:
+        lines += ["| setting | value |", "|---|---|"]
+        lines += [f"| {k} | {cell(v)} |" for k, v in settings.items()] + [""]
+    for key, value in data.items():
+        if key != "run" and key not in settings:
+            lines += section(key, value, level + 1)
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("reports", nargs="+", type=Path)
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args()
+    text = "\n".join(report_markdown(path) for path in args.reports)
+    if args.out is None:
+        print(text)
+    else:
+        args.out.write_text(text)
+        print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
