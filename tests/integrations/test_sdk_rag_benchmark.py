@@ -22,7 +22,8 @@ def test_rag_benchmark_runs_and_the_middleware_raises_the_hit_rate(
     )
     assert completed.returncode == 0, completed.stderr
     report = json.loads(out.read_text())
-    assert set(report) == {"model", "workload", "warm_documents_seconds", "arms", "ratios"}
+    assert set(report) == {"model", "workload", "warm_documents_seconds", "arms", "ratios",
+                           "run"}
     baseline, middleware = report["arms"]["baseline"], report["arms"]["middleware"]
     assert baseline["queries"] == middleware["queries"] == 10
     assert baseline["prompt_tokens"] == middleware["prompt_tokens"]  # same chunks, same text
