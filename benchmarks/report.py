@@ -3,8 +3,9 @@ came from (CPU, kernel flags, torch, git revision, date), so no figure is typed 
 
     python benchmarks/report.py results/sliding_window.json [more.json ...] [--out FILE.md]
 
-Lists of objects become one table each (a column per key); objects of numbers or strings a
-two-column table; nested objects a section each.
+Lists of objects become one table each (a column per key); top-level objects of numbers or
+strings side by side one table (a row each), a single one a two-column table; nested objects a
+section each.
 """
 
 from __future__ import annotations
@@ -32,6 +33,11 @@ def cell(value: Any) -> str:
     if isinstance(value, list | dict):
         return json.dumps(value)
     return str(value)
+
+
+def _scalars_only(value: Any) -> bool:
+    return isinstance(value, dict) and bool(value) and not any(
+        isinstance(v, dict | list) for v in value.values())
 
 
 def table(rows: list[dict[str, Any]]) -> list[str]:
@@ -73,8 +79,12 @@ def report_markdown(path: Path, level: int = 2) -> str:
     if settings:
         lines += ["| setting | value |", "|---|---|"]
         lines += [f"| {k} | {cell(v)} |" for k, v in settings.items()] + [""]
+    flat = {k: v for k, v in data.items() if k != "run" and _scalars_only(v)}
+    if len(flat) >= 2:  # objects of numbers side by side: one table, a row each
+        rows = [{"": key, **value} for key, value in flat.items()]
+        lines += ["#" * (level + 1) + " results", "", *table(rows), ""]
     for key, value in data.items():
-        if key != "run" and key not in settings:
+        if key != "run" and key not in settings and (len(flat) < 2 or key not in flat):
             lines += section(key, value, level + 1)
     return "\n".join(lines).rstrip() + "\n"
 
