@@ -3,9 +3,9 @@ came from (CPU, kernel flags, torch, git revision, date), so no figure is typed 
 
     python benchmarks/report.py results/sliding_window.json [more.json ...] [--out FILE.md]
 
-Lists of objects become one table each (a column per key); top-level objects of numbers or
-strings side by side one table (a row each), a single one a two-column table; nested objects a
-section each.
+Lists of objects become one table each (a column per key); objects of numbers or strings
+with the same keys one table (a row each), a single one a two-column table; other nested
+objects a section each.
 """
 
 from __future__ import annotations
@@ -30,7 +30,9 @@ def cell(value: Any) -> str:
         return f"{value:,.4g}" if abs(value) < 1e5 else f"{value:,.0f}"
     if isinstance(value, int) and not isinstance(value, bool):
         return f"{value:,}"
-    if isinstance(value, list | dict):
+    if isinstance(value, dict):
+        return ", ".join(f"{key} {cell(inner)}" for key, inner in value.items())
+    if isinstance(value, list):
         return json.dumps(value)
     return str(value)
 
@@ -38,6 +40,16 @@ def cell(value: Any) -> str:
 def _scalars_only(value: Any) -> bool:
     return isinstance(value, dict) and bool(value) and not any(
         isinstance(v, dict | list) for v in value.values())
+
+
+def _alike_groups(objects: dict[str, Any]) -> list[dict[str, dict[str, Any]]]:
+    """Objects of scalars with the same keys, two or more of them: each group reads best as one
+    table, a row each."""
+    groups: dict[frozenset, dict[str, dict[str, Any]]] = {}
+    for key, value in objects.items():
+        if _scalars_only(value):
+            groups.setdefault(frozenset(value), {})[key] = value
+    return [group for group in groups.values() if len(group) >= 2]
 
 
 def table(rows: list[dict[str, Any]]) -> list[str]:
@@ -61,8 +73,13 @@ def section(name: str, value: Any, depth: int) -> list[str]:
             lines += ["| measure | value |", "|---|---|"]
             lines += [f"| {k} | {cell(v)} |" for k, v in scalars.items()]
             lines.append("")
+        tabled: set[str] = set()
+        for group in _alike_groups(nested):
+            lines += [*table([{"": k, **v} for k, v in group.items()]), ""]
+            tabled |= set(group)
         for key, inner in nested.items():
-            lines += section(key, inner, depth + 1)
+            if key not in tabled:
+                lines += section(key, inner, depth + 1)
         return lines
     return [heading, "", cell(value), ""]
 
@@ -79,12 +96,13 @@ def report_markdown(path: Path, level: int = 2) -> str:
     if settings:
         lines += ["| setting | value |", "|---|---|"]
         lines += [f"| {k} | {cell(v)} |" for k, v in settings.items()] + [""]
-    flat = {k: v for k, v in data.items() if k != "run" and _scalars_only(v)}
-    if len(flat) >= 2:  # objects of numbers side by side: one table, a row each
-        rows = [{"": key, **value} for key, value in flat.items()]
-        lines += ["#" * (level + 1) + " results", "", *table(rows), ""]
+    tabled: set[str] = set()
+    for group in _alike_groups({k: v for k, v in data.items() if k != "run"}):
+        rows = [{"": key, **value} for key, value in group.items()]  # side by side
+        lines += ["#" * (level + 1) + " " + ", ".join(group), "", *table(rows), ""]
+        tabled |= set(group)
     for key, value in data.items():
-        if key != "run" and key not in settings and (len(flat) < 2 or key not in flat):
+        if key != "run" and key not in settings and key not in tabled:
             lines += section(key, value, level + 1)
     return "\n".join(lines).rstrip() + "\n"
 
