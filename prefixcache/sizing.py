@@ -114,12 +114,16 @@ MODEL_PRESETS: dict[str, ModelShape] = {
 }
 
 
+PRESET_ALIASES = {"smollm2": "smollm2-135m"}  # the engine's name for its default model
+
+
 def model_preset(name: str) -> ModelShape:
-    """The preset called `name` (case-insensitive); ValueError listing presets if unknown,
-    TypeError if `name` is not a string."""
+    """The preset called `name` (case-insensitive; `smollm2` as the engine names it too);
+    ValueError listing presets if unknown, TypeError if `name` is not a string."""
     if not isinstance(name, str):
         raise TypeError(f"model name must be a string, got {type(name).__name__}")
-    shape = MODEL_PRESETS.get(name.strip().lower())
+    key = name.strip().lower()
+    shape = MODEL_PRESETS.get(PRESET_ALIASES.get(key, key))
     if shape is None:
         raise ValueError(f"unknown model {name!r}; presets: {', '.join(MODEL_PRESETS)}")
     return shape

@@ -106,6 +106,7 @@ def test_presets():
     }
     assert actual == expected
     assert model_preset("Llama-70B") is MODEL_PRESETS["llama-70b"]
+    assert model_preset("smollm2") is MODEL_PRESETS["smollm2-135m"]  # the engine's name
     with pytest.raises(ValueError, match="llama-8b"):
         model_preset("gpt-5")
 

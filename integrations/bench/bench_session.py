@@ -165,7 +165,8 @@ async def _run(
     record = bench_record(runs, _config_record(options, requests, interrupted))
     title = (
         f"prefixcache bench: {options.workload}, {len(requests)} requests, "
-        f"{options.load.describe()}" + (" - INTERRUPTED, partial results" if interrupted else "")
+        f"{options.load.describe(requests)}"
+        + (" - INTERRUPTED, partial results" if interrupted else "")
     )
     console.print(results_table(runs, title))
     written = _write_outputs(options, requests, runs, record)
@@ -213,7 +214,7 @@ def _config_record(
         "request_rate": options.load.request_rate or "inf",
         "burstiness": options.load.burstiness,
         "max_concurrency": options.load.concurrency,
-        "load": options.load.describe(),
+        "load": options.load.describe(requests),
         "slo": None if options.slo is None else options.slo.as_dict(),
         "interrupted": interrupted,
     }

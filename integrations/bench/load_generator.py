@@ -40,10 +40,14 @@ class LoadConfig:
         if not (self.burstiness > 0 and math.isfinite(self.burstiness)):
             raise ValueError(f"burstiness must be > 0, got {self.burstiness}")
 
-    def describe(self) -> str:
+    def describe(self, requests: Sequence[BenchRequest] = ()) -> str:
+        """How ``requests`` are sent: a rate, the trace's own timestamps, or a closed loop."""
         if self.request_rate is not None:
             cap = f", max {self.concurrency} in flight" if self.concurrency else ""
             return f"{self.request_rate:g} req/s (burstiness {self.burstiness:g}{cap})"
+        if schedule_for(requests, self) is not None:
+            cap = f", max {self.concurrency} in flight" if self.concurrency else ""
+            return f"at the trace's timestamps{cap}"
         return "sequential" if (self.concurrency or 1) == 1 else f"{self.concurrency} in flight"
 
 

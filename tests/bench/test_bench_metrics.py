@@ -145,6 +145,11 @@ def test_schedule_modes() -> None:
     for bad in ({"concurrency": 0}, {"request_rate": 0.0}, {"burstiness": 0.0}):
         with pytest.raises(ValueError):
             LoadConfig(**bad)
+    timed = requests(3, [5.0, 5.5, 7.0])
+    assert LoadConfig().describe(timed) == "at the trace's timestamps"
+    assert LoadConfig(concurrency=2).describe(timed) == "at the trace's timestamps, max 2 in flight"
+    assert LoadConfig(use_timestamps=False).describe(timed) == "sequential"
+    assert LoadConfig().describe(requests(3)) == "sequential"
 
 
 class GatedSender:
