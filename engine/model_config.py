@@ -16,6 +16,11 @@ from . import config_values as cv
 # HF `model_type` / GGUF `general.architecture` values this engine can run.
 SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2", "gemma2", "gemma3_text")
 GEMMA_ARCHITECTURES = ("gemma2", "gemma3_text")
+# llama.cpp's names for them: GGUF `general.architecture` -> ours
+GGUF_GEMMA_ARCHITECTURES = {"gemma2": "gemma2", "gemma3": "gemma3_text"}
+# llama.cpp's layer counts of the 27B Gemmas, whose attention scale is
+# (hidden / heads) ** -0.5 rather than head_dim ** -0.5 (their query_pre_attn_scalar)
+_GEMMA_27B_LAYERS = {"gemma2": 46, "gemma3": 62}
 ROPE_TYPES = ("default", "linear", "llama3")
 # HF `hidden_act` values meaning SiLU (a.k.a. swish), the Llama-family MLP activation.
 SUPPORTED_ACTIVATIONS = ("silu", "swish")
@@ -224,6 +229,8 @@ class ModelConfig:
         """
         where = "GGUF metadata"
         arch = cv.text(metadata, "general.architecture", where)
+        if arch in GGUF_GEMMA_ARCHITECTURES:
+            return _gguf_gemma_config(metadata, arch, has_output_tensor)
         hidden_size = cv.positive_int(metadata, f"{arch}.embedding_length", where)
         num_heads = cv.positive_int(metadata, f"{arch}.attention.head_count", where)
         vocab_size = cv.positive_int(metadata, f"{arch}.vocab_size", where, None)
@@ -343,6 +350,63 @@ def _gemma_config(config: Mapping[str, Any]) -> ModelConfig:
         attention_scale=cv.number(config, "query_pre_attn_scalar", where, head_dim) ** -0.5,
         local_rope_theta=local_theta,
         **_hf_sliding_layers(layers, num_layers),
+    )
+
+
+def _gguf_gemma_config(metadata: Mapping[str, Any], arch: str,
+                       has_output_tensor: bool) -> ModelConfig:  # fmt: skip
+    """Gemma 2 / 3 from llama.cpp's metadata, with what llama.cpp fixes in code rather than
+    in the file: every second layer global (Gemma 2) or every sixth (Gemma 3), Gemma 3's local
+    RoPE base 10,000, and the attention scale (head_dim ** -0.5, the 27B models' hidden /
+    heads)."""
+    where = "GGUF metadata"
+    hidden_size = cv.positive_int(metadata, f"{arch}.embedding_length", where)
+    num_heads = cv.positive_int(metadata, f"{arch}.attention.head_count", where)
+    num_layers = cv.positive_int(metadata, f"{arch}.block_count", where)
+    head_dim = cv.positive_int(metadata, f"{arch}.attention.key_length", where, None) or \
+        _exact_div(hidden_size, num_heads, f"{arch}.embedding_length")  # fmt: skip
+    vocab_size = cv.positive_int(metadata, f"{arch}.vocab_size", where, None)
+    if vocab_size is None:
+        tokens = metadata.get("tokenizer.ggml.tokens")
+        if not isinstance(tokens, list) or not tokens:
+            raise ValueError(f"GGUF metadata has neither '{arch}.vocab_size' nor a vocabulary")
+        vocab_size = len(tokens)
+    gemma2 = arch == "gemma2"
+    pattern = 2 if gemma2 else 6
+    window = cv.positive_int(metadata, f"{arch}.attention.sliding_window", where, None)
+    scalar = hidden_size / num_heads if num_layers == _GEMMA_27B_LAYERS[arch] else head_dim
+    caps = {key: cv.number(metadata, f"{arch}.{key}", where, None)
+            for key in ("attn_logit_softcapping", "final_logit_softcapping")}  # fmt: skip
+    return ModelConfig(
+        architecture=GGUF_GEMMA_ARCHITECTURES[arch],
+        vocab_size=vocab_size,
+        hidden_size=hidden_size,
+        intermediate_size=cv.positive_int(metadata, f"{arch}.feed_forward_length", where),
+        num_layers=num_layers,
+        num_heads=num_heads,
+        num_kv_heads=cv.positive_int(metadata, f"{arch}.attention.head_count_kv", where,
+                                     num_heads),
+        head_dim=head_dim,
+        rms_norm_eps=cv.number(metadata, f"{arch}.attention.layer_norm_rms_epsilon", where,
+                               1e-6),
+        rope_theta=cv.number(metadata, f"{arch}.rope.freq_base", where,
+                             10_000.0 if gemma2 else 1_000_000.0),
+        rope_scaling=_gguf_rope_scaling(metadata, arch),
+        max_position_embeddings=cv.positive_int(metadata, f"{arch}.context_length", where, 8192),
+        tie_word_embeddings=not has_output_tensor,
+        bos_token_id=cv.token_id(metadata, "tokenizer.ggml.bos_token_id", where),
+        eos_token_ids=cv.token_ids(metadata, "tokenizer.ggml.eos_token_id", where),
+        mlp_activation="gelu_tanh",
+        sandwich_norms=True,
+        qk_norm=not gemma2,
+        embed_scale=hidden_size**0.5,
+        attention_scale=scalar**-0.5,
+        local_rope_theta=None if gemma2 else 10_000.0,
+        attn_logit_softcap=caps["attn_logit_softcapping"],
+        final_logit_softcap=caps["final_logit_softcapping"],
+        sliding_window=window,
+        sliding_layers=None if window is None else tuple(
+            (i + 1) % pattern != 0 for i in range(num_layers)),
     )
 
 

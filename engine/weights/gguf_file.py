@@ -110,15 +110,18 @@ class GGUFFile:
         return torch.from_numpy(self.read_tensor(ROPE_FREQS_TENSOR))
 
     def hf_state_dict(self) -> dict[str, Tensor]:
-        """All model tensors, float32, under HF names (see `gguf_names`)."""
+        """All model tensors, float32, under HF names and in HF's conventions (see
+        `gguf_names`; Gemma's norms are stored by llama.cpp as ``1 + w``: w is given back)."""
         config = self.config
         permute = config.architecture in PERMUTED_ARCHITECTURES
         state: dict[str, Tensor] = {}
         for name in self._tensors:
             if name == ROPE_FREQS_TENSOR:
                 continue
-            hf_name = hf_name_for_gguf_tensor(name)
+            hf_name = hf_name_for_gguf_tensor(name, gemma=config.is_gemma)
             array = self.read_tensor(name)
+            if config.is_gemma and hf_name.endswith("norm.weight"):
+                array = array - np.float32(1.0)
             if permute and hf_name.endswith("q_proj.weight"):
                 array = unpermute_rotary_rows(array, config.num_heads)
             elif permute and hf_name.endswith("k_proj.weight"):

@@ -30,6 +30,15 @@ _BLOCK_NAMES = {
     "ffn_up.weight": "mlp.up_proj.weight",
     "ffn_down.weight": "mlp.down_proj.weight",
 }
+# Gemma 2 / 3: the norms around the attention and MLP outputs, and q/k norms (Gemma 3)
+_GEMMA_BLOCK_NAMES = {
+    **_BLOCK_NAMES,
+    "post_attention_norm.weight": "post_attention_layernorm.weight",
+    "ffn_norm.weight": "pre_feedforward_layernorm.weight",
+    "post_ffw_norm.weight": "post_feedforward_layernorm.weight",
+    "attn_q_norm.weight": "self_attn.q_norm.weight",
+    "attn_k_norm.weight": "self_attn.k_norm.weight",
+}
 _BLOCK_PATTERN = re.compile(r"blk\.(\d+)\.(.+)")
 
 # Architectures whose q/k weights llama.cpp's converter permutes.
@@ -37,13 +46,15 @@ PERMUTED_ARCHITECTURES = ("llama",)
 ROPE_FREQS_TENSOR = "rope_freqs.weight"
 
 
-def hf_name_for_gguf_tensor(name: str) -> str:
-    """HF name for a GGUF tensor name; ValueError for a name this engine does not know."""
+def hf_name_for_gguf_tensor(name: str, gemma: bool = False) -> str:
+    """HF name for a GGUF tensor name (``gemma``: a Gemma file, where ``ffn_norm`` is the
+    pre-MLP norm); ValueError for a name this engine does not know."""
     if name in _GLOBAL_NAMES:
         return _GLOBAL_NAMES[name]
     match = _BLOCK_PATTERN.fullmatch(name)
-    if match and match.group(2) in _BLOCK_NAMES:
-        return f"model.layers.{match.group(1)}.{_BLOCK_NAMES[match.group(2)]}"
+    names = _GEMMA_BLOCK_NAMES if gemma else _BLOCK_NAMES
+    if match and match.group(2) in names:
+        return f"model.layers.{match.group(1)}.{names[match.group(2)]}"
     raise ValueError(f"unsupported GGUF tensor {name!r}")
 
 

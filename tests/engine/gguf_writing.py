@@ -23,6 +23,14 @@ _BLOCK = {
 }
 _GLOBAL = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight":
            "output_norm.weight", "lm_head.weight": "output.weight"}
+_GEMMA_BLOCK = {  # llama.cpp's Gemma names: ffn_norm is the norm before the MLP there
+    **_BLOCK,
+    "post_attention_layernorm.weight": "post_attention_norm.weight",
+    "pre_feedforward_layernorm.weight": "ffn_norm.weight",
+    "post_feedforward_layernorm.weight": "post_ffw_norm.weight",
+    "self_attn.q_norm.weight": "attn_q_norm.weight",
+    "self_attn.k_norm.weight": "attn_k_norm.weight",
+}
 
 
 def llama_cpp_permute(weights: np.ndarray, n_head: int) -> np.ndarray:
@@ -31,11 +39,12 @@ def llama_cpp_permute(weights: np.ndarray, n_head: int) -> np.ndarray:
             .swapaxes(1, 2).reshape(weights.shape))
 
 
-def gguf_name(hf_name: str) -> str:
+def gguf_name(hf_name: str, architecture: str = "llama") -> str:
     if hf_name in _GLOBAL:
         return _GLOBAL[hf_name]
     _, _, layer, rest = hf_name.split(".", 3)
-    return f"blk.{layer}.{_BLOCK[rest]}"
+    names = _GEMMA_BLOCK if architecture.startswith("gemma") else _BLOCK
+    return f"blk.{layer}.{names[rest]}"
 
 
 def gguf_tensors(hf_model: Any, architecture: str) -> dict[str, np.ndarray]:
@@ -50,7 +59,9 @@ def gguf_tensors(hf_model: Any, architecture: str) -> dict[str, np.ndarray]:
             array = llama_cpp_permute(array, config.num_attention_heads)
         elif architecture == "llama" and name.endswith("k_proj.weight"):
             array = llama_cpp_permute(array, config.num_key_value_heads)
-        out[gguf_name(name)] = array
+        if architecture.startswith("gemma") and name.endswith("norm.weight"):
+            array = array + np.float32(1.0)  # llama.cpp stores Gemma's (1 + w)
+        out[gguf_name(name, architecture)] = array
     return out
 
 
@@ -68,11 +79,19 @@ def write_tiny_gguf(hf_model: Any, path: Path, architecture: str = "llama",
     writer.add_feed_forward_length(config.intermediate_size)
     writer.add_head_count(config.num_attention_heads)
     writer.add_head_count_kv(config.num_key_value_heads)
-    writer.add_rope_freq_base(float(rope_parameters(config)["rope_theta"]))
+    rope = rope_parameters(config)
+    writer.add_rope_freq_base(float(rope.get("full_attention", rope)["rope_theta"]))
     writer.add_layer_norm_rms_eps(config.rms_norm_eps)
     writer.add_vocab_size(config.vocab_size)
     if sliding_window is not None:
         writer.add_sliding_window(sliding_window)
+    if architecture.startswith("gemma"):
+        writer.add_key_length(config.head_dim)
+        writer.add_value_length(config.head_dim)
+        for cap, add in ((config.attn_logit_softcapping, writer.add_attn_logit_softcapping),
+                         (config.final_logit_softcapping, writer.add_final_logit_softcapping)):
+            if cap is not None:
+                add(float(cap))
     _add_tokenizer(writer, config.vocab_size)
     if rope_parameters(config).get("rope_type") == "llama3":
         writer.add_tensor("rope_freqs.weight", llama3_rope_factors(config))

@@ -51,7 +51,12 @@ def tiny_hf_model(architecture: str = "llama", seed: int = 0, **overrides: Any) 
         "llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),
         "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM),
         "mistral": (transformers.MistralConfig, transformers.MistralForCausalLM),
+        "gemma2": (transformers.Gemma2Config, transformers.Gemma2ForCausalLM),
+        "gemma3": (transformers.Gemma3TextConfig, transformers.Gemma3ForCausalLM),
     }
+    if architecture.startswith("gemma"):  # head_dim and its scalar as llama.cpp assumes them
+        head_dim = settings["hidden_size"] // settings["num_attention_heads"]
+        settings = {"head_dim": head_dim, "query_pre_attn_scalar": head_dim, **settings}
     config_class, model_class = classes[architecture]
     torch.manual_seed(seed)
     model = model_class(config_class(**settings)).eval()

@@ -54,6 +54,26 @@ def test_mistral_gguf_sliding_window_matches_transformers(tmp_path):
     assert greedy_generate(loaded.model, PROMPT, 12) == hf_greedy_generate(hf_model, PROMPT, 12)
 
 
+@pytest.mark.parametrize("architecture", ["gemma2", "gemma3"])
+def test_gemma_gguf_matches_transformers(tmp_path, architecture):
+    """llama.cpp's Gemma files: `ffn_norm` is the pre-MLP norm, norms are stored as 1 + w, the
+    layer pattern and Gemma 3's local RoPE base are implied by the architecture."""
+    hf_model = tiny_hf_model(architecture, sliding_window=4)
+    path = write_tiny_gguf(hf_model, tmp_path / "gemma.gguf", architecture, sliding_window=4)
+    loaded = load_model(path, dtype=torch.float32)
+    config = loaded.config
+    assert config.is_gemma and config.layer_windows == (4, None if architecture == "gemma2" else 4)
+    assert config.attn_logit_softcap == (50.0 if architecture == "gemma2" else None)
+    ids = torch.tensor(PROMPT)
+    attention = ContiguousAttention(2, sliding_window=config.layer_windows,
+                                    scale=config.softmax_scale, softcap=config.attn_logit_softcap)
+    with torch.inference_mode():
+        ours = loaded.model.compute_logits(loaded.model(ids, torch.arange(len(PROMPT)), attention))
+        hf_model.config._attn_implementation = "eager"
+        reference = hf_model(ids[None]).logits[0]
+    torch.testing.assert_close(ours, reference, atol=1e-4, rtol=1e-4)
+
+
 @pytest.mark.parametrize("qtype", [Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1])
 def test_quantized_tensors_dequantize_to_the_quantized_values(tmp_path, qtype):
     hf_model = tiny_hf_model("llama", hidden_size=64, intermediate_size=128)
