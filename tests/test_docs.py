@@ -15,7 +15,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 RUNNABLE = re.compile(r"<!-- test: run -->\n```python\n(.*?)```\n+```text\n(.*?)```", re.S)
-QUOTED = re.compile(r"'(?:[^'\\]|\\.)*'")
+QUOTED = re.compile(r"'(?:[^'\\]|\\.)*'" + r'|"(?:[^"\\]|\\.)*"')  # both quote styles of repr()
 
 
 def test_the_site_builds_strictly(tmp_path: Path) -> None:
@@ -49,5 +49,5 @@ def test_readme_block_runs_and_prints_what_it_shows(number: int) -> None:
     assert completed.returncode == 0, completed.stderr[-3000:]
     printed = completed.stdout.strip().splitlines()
     expected = shown.strip().splitlines()
-    assert [QUOTED.sub("'…'", line) for line in printed] == [
-        QUOTED.sub("'…'", line) for line in expected]
+    assert [QUOTED.sub("…", line) for line in printed] == [
+        QUOTED.sub("…", line) for line in expected]
