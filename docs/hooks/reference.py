@@ -25,6 +25,9 @@ def _lay_out_sources() -> None:
     links = {path.name: path for path in (ROOT / "prefixcache").iterdir()}
     links.update(engine=ROOT / "engine", kernels=ROOT / "kernels",
                  integrations=ROOT / "integrations")  # fmt: skip
+    for stale in SOURCE_TREE.iterdir():  # a file removed since the last build
+        if stale.is_symlink() and (stale.name not in links or not stale.exists()):
+            stale.unlink()
     for name, target in links.items():
         link = SOURCE_TREE / name
         if link.is_symlink() or link.exists():
