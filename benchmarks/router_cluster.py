@@ -16,7 +16,6 @@ import argparse
 import asyncio
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -26,6 +25,7 @@ from typing import Any
 import httpx
 import numpy as np
 from bench_report import write_json
+from serve_process import free_port, launch, stop
 
 from prefixcache.integrations.bench.token_source import TokenRange
 from prefixcache.integrations.bench.workload_agent import AgentConfig, build_agent
@@ -36,12 +36,6 @@ from prefixcache.integrations.server import BackgroundServer
 from prefixcache.kernels.cpu.kernel_choice import cpu_model
 
 SMOLLM2_VOCAB = 49152
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 class Server:
@@ -56,19 +50,8 @@ class Server:
                    "--port", str(self.port), "--num-blocks", str(self.num_blocks),
                    "--kv-events", f"tcp://127.0.0.1:{free_port()}", "--log-level", "warning"]
         env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-        self.process = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL,
-                                        stderr=subprocess.PIPE)  # fmt: skip
-        deadline = time.monotonic() + 300
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(self.process.communicate()[1].decode()[-2000:])
-            try:
-                if httpx.get(f"{self.url}/health", timeout=2).status_code == 200:
-                    return self
-            except httpx.TransportError:
-                pass
-            time.sleep(0.2)
-        raise RuntimeError("server did not start")
+        self.process = launch(command, self.url, env)
+        return self
 
     def kill(self) -> None:
         assert self.process is not None
@@ -76,9 +59,8 @@ class Server:
         self.process.wait()
 
     def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.send_signal(signal.SIGINT)
-            self.process.wait(60)
+        if self.process is not None:
+            stop(self.process)
 
 
 async def run_workload(base_url: str, requests: list, concurrency: int,

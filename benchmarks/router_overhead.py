@@ -22,9 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
-import socket
-import subprocess
 import sys
 import tempfile
 import time
@@ -35,6 +32,7 @@ import httpx
 import msgspec
 import numpy as np
 from bench_report import write_json
+from serve_process import free_port, launch, stop
 
 from prefixcache import PrefixCache
 from prefixcache.integrations.router.prefix_indexes import PrefixIndexes
@@ -142,37 +140,6 @@ def chat_tokenization_cost(tokens: int) -> dict[str, Any] | None:
 
 
 # ---------------------------------------------------------------------- part B: proxy hop
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-def start(command: list[str], url: str, environment: dict[str, str]) -> subprocess.Popen:
-    process = subprocess.Popen(command, env=environment, stdout=subprocess.DEVNULL,
-                               stderr=subprocess.PIPE)  # fmt: skip
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(process.communicate()[1].decode()[-2000:])
-        try:
-            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                return process
-        except httpx.TransportError:
-            pass
-        time.sleep(0.2)
-    raise RuntimeError(f"{command[3]} did not start")
-
-
-def stop(process: subprocess.Popen) -> None:
-    if process.poll() is None:
-        process.send_signal(signal.SIGINT)
-        try:
-            process.wait(30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-
-
 def streamed_ttft(client: httpx.Client, url: str, body: bytes) -> tuple[float, str]:
     started = time.perf_counter()
     headers = {"content-type": "application/json"}
@@ -194,7 +161,7 @@ def proxy_overhead(tokens: int, pairs: int) -> dict[str, Any]:
         serve_port, router_port = free_port(), free_port()
         serve_url, router_url = f"http://127.0.0.1:{serve_port}", f"http://127.0.0.1:{router_port}"
         blocks = tokens // BLOCK_SIZE + 64
-        server = start([sys.executable, "-m", "prefixcache.integrations.cli", "serve",
+        server = launch([sys.executable, "-m", "prefixcache.integrations.cli", "serve",
                         "--model", str(model), "--port", str(serve_port), "--dtype", "float32",
                         "--num-blocks", str(blocks), "--block-size", str(BLOCK_SIZE),
                         "--served-model-name", "tiny", "--log-level", "warning",
@@ -202,7 +169,7 @@ def proxy_overhead(tokens: int, pairs: int) -> dict[str, Any]:
                         "--kv-events", f"tcp://127.0.0.1:{free_port()}"], serve_url, environment)
         router = None
         try:
-            router = start([sys.executable, "-m", "prefixcache.integrations.cli", "router",
+            router = launch([sys.executable, "-m", "prefixcache.integrations.cli", "router",
                             "--port", str(router_port), "--backend", serve_url,
                             "--log-level", "warning"], router_url, environment)
             prompt = np.random.default_rng(3).integers(1, 384, tokens).tolist()

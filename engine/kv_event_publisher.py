@@ -43,6 +43,18 @@ def check_endpoint(name: str, endpoint: object) -> str:
     return endpoint
 
 
+def check_kv_events(endpoint: object, replay: object, names: tuple[str, str] = (
+        "kv_events", "kv_events_replay")) -> None:  # fmt: skip
+    """The publisher's options as given (``names``: how the caller calls them): endpoints, and
+    no replay socket without events."""
+    if endpoint is not None:
+        check_endpoint(names[0], endpoint)
+    if replay is not None:
+        if endpoint is None:
+            raise ValueError(f"{names[1]} needs {names[0]}")
+        check_endpoint(names[1], replay)
+
+
 class KVEventPublisher:
     """Binds ``endpoint`` (and ``replay_endpoint``) now: a busy port or a bad address raises
     ValueError here, before any event. ``buffer_batches`` batches are kept for replay."""

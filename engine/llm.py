@@ -25,7 +25,7 @@ from prefixcache.engine.engine_options import (
 )
 from prefixcache.engine.host_kv_tier import HostKVTier
 from prefixcache.engine.kv_cache import PagedKVCache, blocks_for_memory, kv_bytes_per_block
-from prefixcache.engine.kv_event_publisher import KVEventPublisher, check_endpoint
+from prefixcache.engine.kv_event_publisher import KVEventPublisher, check_kv_events
 from prefixcache.engine.kv_tier_codec import tier_codec, tier_storage_dtype
 from prefixcache.engine.kv_tiers import KVTiers
 from prefixcache.engine.model_registry import DEFAULT_MODEL, load_model
@@ -104,12 +104,7 @@ class LLM:
         kv_events_topic: str = "",
     ) -> None:
         check_int_option("block_size", block_size)
-        if kv_events is not None:
-            check_endpoint("kv_events", kv_events)
-        if kv_events_replay is not None:
-            if kv_events is None:
-                raise ValueError("kv_events_replay needs kv_events")
-            check_endpoint("kv_events_replay", kv_events_replay)
+        check_kv_events(kv_events, kv_events_replay)
         host_memory = parse_memory_size("kv_host_memory", kv_host_memory)
         disk_size = parse_memory_size("kv_disk_size", kv_disk_size)
         if disk_size is not None and kv_disk_dir is None:

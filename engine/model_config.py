@@ -233,12 +233,7 @@ class ModelConfig:
             return _gguf_gemma_config(metadata, arch, has_output_tensor)
         hidden_size = cv.positive_int(metadata, f"{arch}.embedding_length", where)
         num_heads = cv.positive_int(metadata, f"{arch}.attention.head_count", where)
-        vocab_size = cv.positive_int(metadata, f"{arch}.vocab_size", where, None)
-        if vocab_size is None:
-            tokens = metadata.get("tokenizer.ggml.tokens")
-            if not isinstance(tokens, list) or not tokens:
-                raise ValueError(f"GGUF metadata has neither '{arch}.vocab_size' nor a vocabulary")
-            vocab_size = len(tokens)
+        vocab_size = _gguf_vocab_size(metadata, arch)
         head_dim = cv.positive_int(metadata, f"{arch}.attention.key_length", where, None)
         return cls(
             architecture=arch,
@@ -341,12 +336,7 @@ def _gemma_config(config: Mapping[str, Any]) -> ModelConfig:
         attention_bias=cv.flag(config, "attention_bias", where, False),
         bos_token_id=cv.token_id(config, "bos_token_id", where),
         eos_token_ids=cv.token_ids(config, "eos_token_id", where),
-        mlp_activation="gelu_tanh",
-        sandwich_norms=True,
-        qk_norm=not gemma2,
-        embed_scale=hidden_size**0.5,
-        attn_logit_softcap=caps["attn_logit_softcapping"],
-        final_logit_softcap=caps["final_logit_softcapping"],
+        **_gemma_features(gemma2, hidden_size, caps),
         attention_scale=cv.number(config, "query_pre_attn_scalar", where, head_dim) ** -0.5,
         local_rope_theta=local_theta,
         **_hf_sliding_layers(layers, num_layers),
@@ -365,12 +355,7 @@ def _gguf_gemma_config(metadata: Mapping[str, Any], arch: str,
     num_layers = cv.positive_int(metadata, f"{arch}.block_count", where)
     head_dim = cv.positive_int(metadata, f"{arch}.attention.key_length", where, None) or \
         _exact_div(hidden_size, num_heads, f"{arch}.embedding_length")  # fmt: skip
-    vocab_size = cv.positive_int(metadata, f"{arch}.vocab_size", where, None)
-    if vocab_size is None:
-        tokens = metadata.get("tokenizer.ggml.tokens")
-        if not isinstance(tokens, list) or not tokens:
-            raise ValueError(f"GGUF metadata has neither '{arch}.vocab_size' nor a vocabulary")
-        vocab_size = len(tokens)
+    vocab_size = _gguf_vocab_size(metadata, arch)
     gemma2 = arch == "gemma2"
     pattern = 2 if gemma2 else 6
     window = cv.positive_int(metadata, f"{arch}.attention.sliding_window", where, None)
@@ -396,18 +381,33 @@ def _gguf_gemma_config(metadata: Mapping[str, Any], arch: str,
         tie_word_embeddings=not has_output_tensor,
         bos_token_id=cv.token_id(metadata, "tokenizer.ggml.bos_token_id", where),
         eos_token_ids=cv.token_ids(metadata, "tokenizer.ggml.eos_token_id", where),
-        mlp_activation="gelu_tanh",
-        sandwich_norms=True,
-        qk_norm=not gemma2,
-        embed_scale=hidden_size**0.5,
+        **_gemma_features(gemma2, hidden_size, caps),
         attention_scale=scalar**-0.5,
         local_rope_theta=None if gemma2 else 10_000.0,
-        attn_logit_softcap=caps["attn_logit_softcapping"],
-        final_logit_softcap=caps["final_logit_softcapping"],
         sliding_window=window,
         sliding_layers=None if window is None else tuple(
             (i + 1) % pattern != 0 for i in range(num_layers)),
     )
+
+
+def _gemma_features(gemma2: bool, hidden_size: int,
+                    caps: Mapping[str, float | None]) -> dict[str, Any]:  # fmt: skip
+    """What every Gemma 2 / 3 config shares, whichever file it comes from."""
+    return {"mlp_activation": "gelu_tanh", "sandwich_norms": True, "qk_norm": not gemma2,
+            "embed_scale": hidden_size**0.5,
+            "attn_logit_softcap": caps["attn_logit_softcapping"],
+            "final_logit_softcap": caps["final_logit_softcapping"]}  # fmt: skip
+
+
+def _gguf_vocab_size(metadata: Mapping[str, Any], arch: str) -> int:
+    """``{arch}.vocab_size``, else the length of the file's vocabulary."""
+    vocab_size = cv.positive_int(metadata, f"{arch}.vocab_size", "GGUF metadata", None)
+    if vocab_size is None:
+        tokens = metadata.get("tokenizer.ggml.tokens")
+        if not isinstance(tokens, list) or not tokens:
+            raise ValueError(f"GGUF metadata has neither '{arch}.vocab_size' nor a vocabulary")
+        vocab_size = len(tokens)
+    return vocab_size
 
 
 def _hf_sliding_layers(config: Mapping[str, Any], num_layers: int) -> dict[str, Any]:

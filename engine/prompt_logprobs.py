@@ -43,8 +43,9 @@ def prompt_token_logprobs(
         positions = torch.arange(start, end)
         hidden = model(ids[start:end].to(model.device), positions.to(model.device), attention)
         logprobs = torch.log_softmax(model.compute_logits(hidden).float(), dim=-1).cpu()
-        for row in range(end - start):  # logprobs[row]: [vocab]
-            token = int(ids[start + row + 1])
-            rank = int((logprobs[row] > logprobs[row, token]).sum()) + 1
+        tokens = ids[start + 1 : end + 1]  # [rows]: the token each row predicts
+        chosen = logprobs.gather(1, tokens[:, None])  # [rows, 1]
+        ranks = (logprobs > chosen).sum(dim=1) + 1  # [rows]
+        for row, (token, rank) in enumerate(zip(tokens.tolist(), ranks.tolist(), strict=True)):
             entries.append(replace(token_logprob(logprobs[row], token, top), rank=rank))
     return entries

@@ -84,14 +84,9 @@ def check_kv_tier_dtype(kv_tier_dtype: str, kv_cache_dtype: str) -> None:
 
 
 def check_kv_events(endpoint: str | None, replay: str | None) -> None:
-    from prefixcache.engine.kv_event_publisher import check_endpoint
+    from prefixcache.engine import kv_event_publisher
 
-    if endpoint is not None:
-        check_endpoint("--kv-events", endpoint)
-    if replay is not None:
-        if endpoint is None:
-            raise ValueError("--kv-events-replay needs --kv-events")
-        check_endpoint("--kv-events-replay", replay)
+    kv_event_publisher.check_kv_events(endpoint, replay, ("--kv-events", "--kv-events-replay"))
 
 
 def check_tool_call_parser(name: str) -> None:
