@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from prefixcache.engine.scheduler_output import ScheduledSequence, SchedulerOutput
+
+if TYPE_CHECKING:
+    from prefixcache.engine.sliding_slots import SlidingSlots
 
 
 @dataclass
@@ -75,6 +79,28 @@ def build_attention_metadata(out: SchedulerOutput, block_size: int) -> Attention
         sample_rows=torch.tensor(sample_rows, dtype=torch.int64),
         sample_block_tables=sample_tables,
         sample_seq_lens=sample_lens,
+    )
+
+
+def sliding_metadata(meta: AttentionMetadata, slots: SlidingSlots) -> AttentionMetadata:
+    """``meta`` (on the CPU) for the sliding-window layers of a hybrid cache: slot mapping and
+    block tables in slots instead of logical blocks (a block without a slot reads slot 0: it
+    is outside every window that reads it, so its keys are masked)."""
+    bs = slots.block_size
+    logical = meta.slot_mapping.numpy()
+    targets = slots.slot_of[logical // bs]
+    if (targets < 0).any():
+        raise RuntimeError("a token is written to a block without a sliding slot")
+
+    def table(blocks: torch.Tensor) -> torch.Tensor:  # [seqs, max_blocks] int32
+        return torch.from_numpy(slots.slot_table(blocks.numpy()).astype(np.int32))
+
+    return replace(
+        meta,
+        slot_mapping=torch.from_numpy(targets * bs + logical % bs),
+        decode_block_tables=table(meta.decode_block_tables),
+        prefill_block_tables=table(meta.prefill_block_tables),
+        sample_block_tables=table(meta.sample_block_tables),
     )
 
 

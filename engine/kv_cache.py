@@ -26,10 +26,13 @@ CALIBRATION_SEED = 0
 HEADROOM = {torch.float8_e4m3fn: 4.0, torch.int8: 1.5}
 
 
-def kv_bytes_per_block(config: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
-    """Bytes of K and V for one block across all layers (``dtype``: the pool's element dtype)."""
+def kv_bytes_per_block(config: ModelConfig, block_size: int, dtype: torch.dtype,
+                       num_layers: int | None = None) -> int:  # fmt: skip
+    """Bytes of K and V for one block across all layers, or ``num_layers`` of them (``dtype``:
+    the pool's element dtype)."""
     element = torch.tensor([], dtype=dtype).element_size()
-    return 2 * config.num_layers * block_size * config.num_kv_heads * config.head_dim * element
+    layers = config.num_layers if num_layers is None else num_layers
+    return 2 * layers * block_size * config.num_kv_heads * config.head_dim * element
 
 
 def blocks_for_memory(config: ModelConfig, block_size: int, dtype: torch.dtype, budget: int) -> int:
@@ -40,9 +43,15 @@ def blocks_for_memory(config: ModelConfig, block_size: int, dtype: torch.dtype, 
     return int(blocks)
 
 
+def sliding_layer_ids(config: ModelConfig) -> list[int]:
+    """The layers with a sliding window (a hybrid KV cache stores them in its slot pool)."""
+    return [i for i, window in enumerate(config.layer_windows) if window is not None]
+
+
 class PagedKVCache:
     """Per-layer K and V pools: ``k[layer]`` is [num_blocks, block_size, num_kv_heads, head_dim]
-    (contiguous).
+    (contiguous); with ``sliding_slots`` (a hybrid KV cache) a sliding-window layer's pools
+    have that many rows instead, addressed by slot (``engine.sliding_slots``).
 
     ``dtype`` is the model's compute dtype; ``kv_cache_dtype`` ("auto", "fp8", "int8") picks
     the stored dtype. Quantized pools carry ``k_scale[layer]`` / ``v_scale[layer]``
@@ -58,21 +67,32 @@ class PagedKVCache:
         device: torch.device | str = "cpu",
         kv_cache_dtype: str = "auto",
         extra_rows: int = 0,
+        sliding_slots: int | None = None,
     ) -> None:
         """``extra_rows`` more blocks per layer are allocated after the pool's in the same
         tensors (``k_rows`` / ``v_rows``; ``k`` / ``v`` view the pool's rows): the host tier of a
-        CPU engine lives there, so its copies are block copies within one tensor."""
-        rows = (num_blocks + extra_rows, block_size, config.num_kv_heads, config.head_dim)
+        CPU engine lives there, so its copies are block copies within one tensor. A hybrid
+        cache (``sliding_slots``) takes no extra rows."""
+        if sliding_slots is not None and extra_rows:
+            raise ValueError("a hybrid KV cache has no rows for a host tier")
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.kv_cache_dtype = kv_cache_dtype
         self.dtype = kv_storage_dtype(kv_cache_dtype, dtype)
+        self.sliding_slots = sliding_slots
+        self.sliding_layers = sliding_layer_ids(config) if sliding_slots is not None else []
         layers = range(config.num_layers)
-        # [num_blocks + extra_rows, ...] per layer; the pools are views of their first rows
-        self.k_rows = [torch.zeros(rows, dtype=self.dtype, device=device) for _ in layers]
-        self.v_rows = [torch.zeros(rows, dtype=self.dtype, device=device) for _ in layers]
-        self.k = [t[:num_blocks] for t in self.k_rows]
-        self.v = [t[:num_blocks] for t in self.v_rows]
+        pool_rows = [sliding_slots if i in self.sliding_layers else num_blocks for i in layers]
+
+        def rows(layer: int) -> tuple[int, int, int, int]:
+            return (pool_rows[layer] + extra_rows, block_size, config.num_kv_heads,
+                    config.head_dim)  # fmt: skip
+
+        # [pool rows + extra_rows, ...] per layer; the pools are views of their first rows
+        self.k_rows = [torch.zeros(rows(i), dtype=self.dtype, device=device) for i in layers]
+        self.v_rows = [torch.zeros(rows(i), dtype=self.dtype, device=device) for i in layers]
+        self.k = [t[: pool_rows[i]] for i, t in enumerate(self.k_rows)]
+        self.v = [t[: pool_rows[i]] for i, t in enumerate(self.v_rows)]
         scale_shape = (config.num_kv_heads, config.head_dim)
         ones = [torch.ones(scale_shape, device=device) for _ in layers] if self.quantized else None
         self.k_scale: list[torch.Tensor | None] = ones or [None for _ in layers]
@@ -90,8 +110,15 @@ class PagedKVCache:
 
     @property
     def bytes_per_token(self) -> int:
-        """Bytes one cached token takes in the pool, all layers, K and V."""
-        return self.nbytes // (self.num_blocks * self.block_size)
+        """Bytes one cached token takes in the pool, all layers, K and V (in every layer's pool,
+        a hybrid cache's slot pools too)."""
+        per_row = [t[0].numel() * t.element_size() for t in self.k + self.v]
+        return sum(per_row) // self.block_size
+
+    @property
+    def full_layers(self) -> list[int]:
+        """The layers whose pools are addressed by logical block."""
+        return [i for i in range(len(self.k)) if i not in self.sliding_layers]
 
 
 @torch.inference_mode()

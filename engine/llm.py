@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import logging
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,7 @@ from prefixcache.engine.engine_options import (
     resolve_dtype,
 )
 from prefixcache.engine.host_kv_tier import HostKVTier
+from prefixcache.engine.hybrid_kv_sizing import hybrid_pool, sliding_window_of, use_hybrid
 from prefixcache.engine.kv_cache import PagedKVCache, blocks_for_memory, kv_bytes_per_block
 from prefixcache.engine.kv_event_publisher import KVEventPublisher, check_kv_events
 from prefixcache.engine.kv_tier_codec import tier_codec, tier_storage_dtype
@@ -37,10 +39,13 @@ from prefixcache.engine.remote_kv_tier import RemoteKVTier
 from prefixcache.engine.sampling_params import MAX_LOGPROBS, SamplingParams
 from prefixcache.engine.scheduler import Scheduler
 from prefixcache.engine.scheduling_policy import SchedulingPolicy
+from prefixcache.engine.sliding_slots import SlidingSlots
 from prefixcache.engine.structured_output import GrammarCompiler
 from prefixcache.kernels import kv_storage_dtype
 from prefixcache.tokens import check_salt
 from prefixcache.ttl_pins import TtlPins
+
+logger = logging.getLogger(__name__)
 
 DEFAULT_KV_CACHE_MEMORY = 1 << 30
 DEFAULT_MAX_MODEL_LEN = 8192
@@ -76,6 +81,11 @@ class LLM:
     ``kv_events`` ("tcp://127.0.0.1:5557") publishes every block the pool caches or evicts
     over ZeroMQ in vLLM's KV-event format, for a cache-aware router; ``kv_events_replay``
     adds the socket that resends missed batches (``prefixcache.engine.kv_event_publisher``).
+    A model with sliding-window layers (Mistral, Qwen2, Gemma 2/3) keeps a hybrid KV cache
+    unless ``hybrid_kv_cache=False`` or a tier is asked for: its sliding layers store only the
+    running requests' windows (and what cached windows fit) in ``kv_sliding_slots`` slots
+    (default: ``max_num_seqs`` windows and a step), the memory budget's rest going to the
+    full layers' blocks (``prefixcache.engine.sliding_slots``, ``hybrid_kv_sizing``).
     """
 
     def __init__(
@@ -102,6 +112,8 @@ class LLM:
         kv_events: str | None = None,
         kv_events_replay: str | None = None,
         kv_events_topic: str = "",
+        hybrid_kv_cache: bool | None = None,
+        kv_sliding_slots: int | None = None,
     ) -> None:
         check_int_option("block_size", block_size)
         check_kv_events(kv_events, kv_events_replay)
@@ -110,6 +122,9 @@ class LLM:
         if disk_size is not None and kv_disk_dir is None:
             raise ValueError("kv_disk_size needs kv_disk_dir")
         check_kv_pool_size(num_blocks, kv_cache_memory)
+        check_optional_int_option("kv_sliding_slots", kv_sliding_slots)
+        tiered = host_memory is not None or kv_disk_dir is not None or kv_remote is not None
+        use_hybrid(hybrid_kv_cache, 1, tiered, kv_sliding_slots)  # all but the model's part
         check_optional_int_option("max_model_len", max_model_len, MIN_MODEL_LEN)
         check_optional_int_option("num_threads", num_threads)
         check_bool_option("enable_prefix_caching", enable_prefix_caching)
@@ -143,12 +158,25 @@ class LLM:
         loaded.model.rotary.reserve(self.max_model_len)
         if loaded.model.local_rotary is not None:
             loaded.model.local_rotary.reserve(self.max_model_len)
-        if num_blocks is None:
-            num_blocks = blocks_for_memory(
-                self.config, block_size, kv_storage_dtype(kv_cache_dtype, self.dtype),
-                DEFAULT_KV_CACHE_MEMORY if kv_cache_memory is None else kv_cache_memory,
-            )
         pool_dtype = kv_storage_dtype(kv_cache_dtype, self.dtype)
+        memory = DEFAULT_KV_CACHE_MEMORY if kv_cache_memory is None else kv_cache_memory
+        self.sliding: SlidingSlots | None = None
+        if use_hybrid(hybrid_kv_cache, sliding_window_of(self.config), tiered, kv_sliding_slots):
+            try:
+                pool = hybrid_pool(self.config, block_size, pool_dtype, num_blocks=num_blocks,
+                                   kv_cache_memory=memory, sliding_slots=kv_sliding_slots,
+                                   max_num_seqs=max_num_seqs,
+                                   max_num_batched_tokens=max_num_batched_tokens,
+                                   max_model_len=self.max_model_len)  # fmt: skip
+            except ValueError as error:
+                if hybrid_kv_cache is not None or kv_sliding_slots is not None:
+                    raise
+                logger.warning("no hybrid KV cache (%s): every layer keeps every block", error)
+            else:
+                num_blocks = pool.num_blocks
+                self.sliding = SlidingSlots(num_blocks, pool.num_slots, block_size, pool.window)
+        if num_blocks is None:
+            num_blocks = blocks_for_memory(self.config, block_size, pool_dtype, memory)
         tier_dtype = tier_storage_dtype(kv_tier_dtype, pool_dtype)
         host_slots = 0
         if host_memory is not None:
@@ -163,6 +191,7 @@ class LLM:
         self.kv = PagedKVCache(
             self.config, num_blocks, block_size, self.dtype, self.device, kv_cache_dtype,
             extra_rows=host_slots if in_pool_rows else 0,
+            sliding_slots=None if self.sliding is None else self.sliding.num_slots,
         )
         tiered = host_slots or kv_disk_dir is not None or kv_remote is not None
         codec = tier_codec(kv_tier_dtype, loaded.model, self.kv) if tiered else None
@@ -175,9 +204,10 @@ class LLM:
             enable_prefix_caching,
             SchedulingPolicy(scheduling_policy),
             self.tiers.fetcher,
+            self.sliding,
         )
         runner = ModelRunner(loaded.model, self.kv, self.config.head_dim, self.tiers.host,
-                             self.tiers.lower, self.tiers.block_bytes)  # fmt: skip
+                             self.tiers.lower, self.tiers.block_bytes, self.sliding)  # fmt: skip
         eos = tuple(self.tokenizer.eos_token_ids or self.config.eos_token_ids)
         # a quarter of the pool per tenant at most in TTL pins (cache_control)
         self.ttl_pins = TtlPins(self.cache, max(1, num_blocks // TTL_PIN_SHARE))
@@ -288,6 +318,8 @@ class LLM:
             failed_steps=self.engine.num_failed_steps,
         )
         stats.update(self.tiers.stats())
+        if self.sliding is not None:
+            stats.update(self.sliding.stats())
         self.ttl_pins.expire()
         stats.update(self.ttl_pins.stats())
         return stats

@@ -12,7 +12,11 @@ from typing import TYPE_CHECKING
 import torch
 
 from prefixcache import CopyOp
-from prefixcache.engine.attention_metadata import AttentionMetadata, build_attention_metadata
+from prefixcache.engine.attention_metadata import (
+    AttentionMetadata,
+    build_attention_metadata,
+    sliding_metadata,
+)
 from prefixcache.engine.kv_cache import PagedKVCache, calibrate_kv_scales
 from prefixcache.engine.scheduler_output import SchedulerOutput
 from prefixcache.kernels import (
@@ -29,6 +33,7 @@ if TYPE_CHECKING:
     from prefixcache.engine.host_kv_tier import HostKVTier
     from prefixcache.engine.kv_block_bytes import BlockBytes
     from prefixcache.engine.lower_tiers import LowerTiers
+    from prefixcache.engine.sliding_slots import SlidingSlots
     from prefixcache.host_tier import PersistBlock, TierCopy
 
 
@@ -61,13 +66,18 @@ class PagedAttention:
     def __init__(self, kv: PagedKVCache, meta: AttentionMetadata, scale: float,
                  prefill_implementation: str | None = None,
                  layer_windows: Sequence[int | None] = (),
-                 softcap: float | None = None) -> None:  # fmt: skip
+                 softcap: float | None = None,
+                 sliding_meta: AttentionMetadata | None = None) -> None:  # fmt: skip
         """``prefill_implementation`` names the prefill attention to run (``"sdpa"``: SDPA in
         the model's dtype, chosen by measurement for the step's row count); None: dispatch's
         default. ``layer_windows[l]``: layer l's sliding window (None or absent: full);
-        ``softcap``: the attention scores' soft-cap (Gemma 2), None for none."""
+        ``softcap``: the attention scores' soft-cap (Gemma 2), None for none.
+        ``sliding_meta``: the metadata in slots that the slot pools of a hybrid cache's
+        sliding layers (``kv.sliding_layers``) are read and written with."""
         self.kv = kv
         self.meta = meta
+        self.sliding_meta = sliding_meta
+        self.sliding_layers = frozenset(kv.sliding_layers)
         self.scale = scale
         self.prefill_implementation = prefill_implementation
         self.layer_windows = tuple(layer_windows)
@@ -116,6 +126,8 @@ class PagedAttention:
         query_rows: torch.Tensor | None = None,  # [num_sampled]: must be meta.sample_rows
     ) -> torch.Tensor:  # [num_tokens or num_sampled, num_heads, head_dim]
         meta = self.meta
+        if self.sliding_meta is not None and layer_idx in self.sliding_layers:
+            meta = self.sliding_meta
         window = self._window(layer_idx)
         k_cache, v_cache = self.kv.k[layer_idx], self.kv.v[layer_idx]
         k_scale, v_scale = self.kv.k_scale[layer_idx], self.kv.v_scale[layer_idx]
@@ -129,7 +141,7 @@ class PagedAttention:
         if query_rows is not None:
             # Only the sampled rows: each is its sequence's last new token, and every key it
             # sees is in the pool now, so this is decode attention over the updated blocks.
-            if query_rows is not meta.sample_rows:
+            if query_rows is not self.meta.sample_rows:
                 raise ValueError("paged attention answers query_rows=sample_rows only")
             if query_rows.numel() == 0:
                 return q.new_empty(q.shape)
@@ -177,10 +189,15 @@ class ModelRunner:
 
     def __init__(self, model: torch.nn.Module, kv: PagedKVCache, head_dim: int,
                  host_tier: HostKVTier | None = None, lower_tiers: LowerTiers | None = None,
-                 block_bytes: BlockBytes | None = None) -> None:  # fmt: skip
+                 block_bytes: BlockBytes | None = None,
+                 sliding: SlidingSlots | None = None) -> None:  # fmt: skip
         """A quantized (fp8/int8) pool gets its static scales here, before any request.
         ``host_tier`` / ``lower_tiers`` hold the bytes of the prefix cache's tiers, if any;
-        ``block_bytes`` writes the lower tiers' payloads into the pool."""
+        ``block_bytes`` writes the lower tiers' payloads into the pool. ``sliding``: the
+        slot map of a hybrid cache (``kv.sliding_slots``), which the scheduler keeps."""
+        if (sliding is None) != (kv.sliding_slots is None):
+            raise ValueError("a hybrid KV cache and its slot map come together")
+        self.sliding = sliding
         self.model = model
         self.host_tier = host_tier
         self.lower_tiers = lower_tiers
@@ -191,7 +208,15 @@ class ModelRunner:
         self.scale = config.softmax_scale if config is not None else head_dim**-0.5
         self.layer_windows = config.layer_windows if config is not None else ()
         self.softcap = config.attn_logit_softcap if config is not None else None
-        self.copy_blocks = block_copier(kv.k, kv.v)  # copy-on-write copies, every layer
+        # copy-on-write copies: the full layers' pools by logical block, a hybrid cache's
+        # sliding layers' by slot
+        full = kv.full_layers
+        self.copy_blocks = (block_copier([kv.k[i] for i in full], [kv.v[i] for i in full])
+                            if full else None)  # fmt: skip
+        sliding_layers = kv.sliding_layers
+        self.copy_slots = (block_copier([kv.k[i] for i in sliding_layers],
+                                        [kv.v[i] for i in sliding_layers])
+                           if sliding_layers else None)  # fmt: skip
         calibrate_kv_scales(model, kv)
 
     def apply_tier_copies(self, writebacks: Sequence[TierCopy], loads: Sequence[TierCopy],
@@ -224,16 +249,36 @@ class ModelRunner:
         model may skip most of the output head (``CausalLM.greedy_tokens``)."""
         return self.model.greedy_tokens(self._sampled_hidden(out)).tolist()
 
+    def _copy(self, ops: list[CopyOp]) -> None:
+        """The step's block copies, in waves (``copy_waves``), in every layer's pools; a
+        hybrid cache's sliding layers copy the blocks' slots."""
+        for wave in copy_waves(ops):
+            counts = [op.num_tokens for op in wave]
+            if self.copy_blocks is not None:
+                pairs = torch.tensor([op[:2] for op in wave], dtype=torch.int64,
+                                     device=self.device)  # fmt: skip
+                self.copy_blocks(pairs, counts)  # pairs: [n, 2]
+            if self.copy_slots is not None:
+                assert self.sliding is not None
+                kept = [(self.sliding.slot_pairs([op[:2]]), op.num_tokens) for op in wave]
+                kept = [(pair[0], n) for pair, n in kept if pair]
+                if kept:
+                    pairs = torch.tensor([p for p, _ in kept], dtype=torch.int64,
+                                         device=self.device)  # fmt: skip
+                    self.copy_slots(pairs, [n for _, n in kept])
+
     def _sampled_hidden(self, out: SchedulerOutput) -> torch.Tensor:  # [num_sampled, hidden]
-        for wave in copy_waves(out.copy_ops):
-            pairs = torch.tensor([op[:2] for op in wave], dtype=torch.int64, device=self.device)
-            self.copy_blocks(pairs, [op.num_tokens for op in wave])  # pairs: [n, 2]
-        meta = build_attention_metadata(out, self.kv.block_size).to(self.device)
+        self._copy(out.copy_ops)
+        host_meta = build_attention_metadata(out, self.kv.block_size)
+        meta = host_meta.to(self.device)
+        sliding_meta = None
+        if self.sliding is not None:
+            sliding_meta = sliding_metadata(host_meta, self.sliding).to(self.device)
         choice = getattr(self.model, "kernel_choice", None)
         implementation = (
             None if choice is None else choice.implementation("attention", meta.input_ids.shape[0])
         )
         attention = PagedAttention(self.kv, meta, self.scale, implementation, self.layer_windows,
-                                   self.softcap)  # fmt: skip
+                                   self.softcap, sliding_meta)  # fmt: skip
         # Only the sampled rows leave the last layer.
         return self.model(meta.input_ids, meta.positions, attention, meta.sample_rows)

@@ -13,6 +13,11 @@ With a ``TierFetcher`` (a lower KV tier: disk, shared store), a waiting request 
 next blocks the lower tier keeps is not admitted at once: its blocks are read on the fetcher's
 thread while it waits (``LOADING``) and the others are scheduled; it is admitted with them in
 hand. A step with nothing to run but loads waits for the first of them.
+
+With ``SlidingSlots`` (a hybrid KV cache: sliding-window layers in a smaller slot pool), each
+scheduled request holds the slots of its window's blocks and lets the blocks behind the window
+go; a prefix hit is cut back to the longest prefix whose last window still has its slots; a
+pool of slots too small for every running window preempts as the block pool does.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from prefixcache.engine.engine_options import check_bool_option, check_int_optio
 from prefixcache.engine.request import Request, RequestStatus
 from prefixcache.engine.scheduler_output import ScheduledSequence, SchedulerOutput
 from prefixcache.engine.scheduling_policy import SchedulingPolicy
+from prefixcache.engine.sliding_slots import SlidingSlots
 from prefixcache.engine.tier_fetcher import TierFetcher
 
 LOAD_WAIT_S = 0.05  # a step with nothing but loads to wait for waits at most this long
@@ -48,10 +54,13 @@ class Scheduler:
         enable_prefix_caching: bool = True,
         policy: SchedulingPolicy | None = None,
         fetcher: TierFetcher | None = None,
+        sliding: SlidingSlots | None = None,
     ) -> None:
-        """``fetcher`` reads the cache's lower tier ahead of admission (module docstring)."""
+        """``fetcher`` reads the cache's lower tier ahead of admission, ``sliding`` lends the
+        sliding-window layers' slots (module docstring)."""
         self.cache = cache
         self.fetcher = fetcher
+        self.sliding = sliding
         self.block_size = cache.block_size
         self.max_num_seqs = check_int_option("max_num_seqs", max_num_seqs)
         self.max_num_batched_tokens = check_int_option(
@@ -87,6 +96,15 @@ class Scheduler:
         assert not set(map(id, self.running)) & set(map(id, self.waiting))
         queued = {id(r) for r in self.running} | {id(r) for r in self.waiting}
         assert all(id(r) in queued for r in self.isolated), self.isolated
+        if self.sliding is not None:
+            self.sliding.check_invariants()
+            for request in self.running:  # the next token's window is held
+                held = set(self.sliding.held.get(request, ()))
+                context = request.num_computed_tokens
+                window = self.sliding.window_blocks(context, context)
+                assert {request.block_ids[i] for i in window} <= held, request
+            waiting = [r for r in self.waiting if r in self.sliding.held]
+            assert not waiting, waiting
 
     # ------------------------------------------------------------------ queue
     def add(self, request: Request) -> None:
@@ -100,6 +118,8 @@ class Scheduler:
         """Pick this step's work within the token budget and allocate its blocks."""
         self.step_count += 1
         self.blocked = None
+        if self.sliding is not None:
+            self.sliding.end_copies()  # the last step ran its copies
         if self.isolated:
             return self._schedule_alone(self.isolated[0])
         out = SchedulerOutput()
@@ -225,6 +245,8 @@ class Scheduler:
                 slot = start // bs
                 block, op = self.cache.copy_on_write(request.block_ids[slot])
                 if op is not None:
+                    if self.sliding is not None:
+                        self.sliding.protect(op.src)
                     request.block_ids[slot] = block
                     out.copy_ops.append(op)
             need = -(-(start + num_new) // bs) - len(request.block_ids)
@@ -232,7 +254,16 @@ class Scheduler:
                 request.block_ids.extend(self.cache.allocate(need))
         except CacheFull:
             return False
-        return True
+        return self._hold_window(request, request.block_ids, start, num_new)
+
+    def _hold_window(self, request: Request, block_ids: list[int], start: int,
+                     num_new: int) -> bool:  # fmt: skip
+        """Hold the sliding slots of the blocks ``num_new`` tokens from ``start`` see; False
+        when the slot pool cannot lend them (nothing held changed)."""
+        if self.sliding is None:
+            return True
+        window = self.sliding.window_blocks(start, start + num_new)
+        return self.sliding.hold(request, [block_ids[i] for i in window])
 
     def _admit(self, request: Request, budget: int, out: SchedulerOutput) -> int | None:
         """Match the prefix, allocate the first chunk's blocks, move to running; returns the
@@ -256,6 +287,8 @@ class Scheduler:
             )
             cached, partial = match.block_ids, match.partial_block
             num_cached = match.num_tokens + match.partial_tokens
+            if self.sliding is not None:
+                cached, partial, num_cached = self._usable_hit(cached, partial, num_cached)
         def first_chunk(num_cached: int) -> tuple[int, int]:  # (tokens, blocks to allocate)
             num_new = min(request.num_tokens - num_cached, budget)
             return num_new, -(-(num_cached + num_new) // self.block_size) - len(cached)
@@ -277,10 +310,17 @@ class Scheduler:
             except CacheFull:
                 self.cache.release(cached)
                 return None
+        if partial is not None and self.sliding is not None:
+            self.sliding.protect(partial)  # its slot is copied from: no fresh block takes it
+        if not self._hold_window(request, cached + fresh, num_cached, num_new):
+            if partial is not None and self.sliding is not None:
+                self.sliding.unprotect(partial)
+            self.cache.release(cached + fresh + ([] if partial is None else [partial]))
+            return None
         if partial is not None:
             # the runner copies before the step writes anything, so the source may be freed
             # (even reallocated) by the time it runs
-            out.copy_ops.append(CopyOp(partial, fresh[0], match.partial_tokens))
+            out.copy_ops.append(CopyOp(partial, fresh[0], num_cached % self.block_size))
             self.cache.release([partial])
         request.block_ids = cached + fresh
         if request.tier_payloads:
@@ -299,6 +339,20 @@ class Scheduler:
             request.metrics.first_scheduled_time = time.perf_counter()
         self.running.append(request)
         return num_new
+
+    def _usable_hit(self, cached: list[int], partial: int | None,
+                    num_cached: int) -> tuple[list[int], int | None, int]:  # fmt: skip
+        """A match cut back to the longest prefix whose last window has its sliding slots (the
+        blocks past it released)."""
+        assert self.sliding is not None
+        blocks = cached + ([] if partial is None else [partial])
+        usable = self.sliding.usable_prefix(blocks, num_cached)
+        if usable == num_cached:
+            return cached, partial, num_cached
+        self.sliding.record_shortened(num_cached - usable)
+        keep = usable // self.block_size
+        self.cache.release(cached[keep:] + ([] if partial is None else [partial]))
+        return cached[:keep], None, usable
 
     # ------------------------------------------------------------------ after the step
     def commit_step(self, out: SchedulerOutput) -> None:
@@ -325,6 +379,8 @@ class Scheduler:
         instead (its blocks given back; its cached prompt is matched again on admission)."""
         self.cache.fork(parent.block_ids)
         child.block_ids = list(parent.block_ids)
+        if self.sliding is not None:
+            self.sliding.share(parent, child)
         child.num_computed_tokens = parent.num_computed_tokens
         child.num_written_tokens = parent.num_written_tokens
         child.num_committed_blocks = parent.num_committed_blocks
@@ -373,6 +429,8 @@ class Scheduler:
             )
         if request.block_ids:
             self.cache.release(request.block_ids)
+        if self.sliding is not None:
+            self.sliding.release(request)
         request.block_ids = []
         request.num_computed_tokens = 0
         request.num_written_tokens = 0
