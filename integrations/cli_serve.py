@@ -125,6 +125,14 @@ def serve(
     kv_tier_dtype: Annotated[str, typer.Option(
         help="auto (the pool's dtype, exact), fp8 or int8: the tiers store blocks quantized, "
              "twice as many in the same bytes.")] = "auto",
+    hybrid_kv_cache: Annotated[bool | None, typer.Option(
+        "--hybrid-kv-cache/--no-hybrid-kv-cache",
+        help="Sliding-window layers keep only the windows they need, in a smaller slot pool "
+             "(default: on for models with sliding layers, unless a KV tier is asked for).",
+        show_default=False)] = None,
+    kv_sliding_slots: Annotated[int | None, typer.Option(
+        help="Slots (blocks) of the sliding layers' pool (default: --max-num-seqs windows "
+             "and a step).", min=1, show_default=False)] = None,
     kv_events: Annotated[str | None, typer.Option(
         help="Publish the pool's cache events over ZeroMQ here (vLLM's KV-event format), for "
              "a cache-aware router: tcp://127.0.0.1:5557.", show_default=False)] = None,
@@ -186,6 +194,7 @@ def serve(
             kv_host_memory=kv_host_memory, kv_disk_dir=kv_disk_dir, kv_disk_size=kv_disk_size,
             kv_remote=kv_remote, kv_tier_dtype=kv_tier_dtype, kv_events=kv_events,
             kv_events_replay=kv_events_replay, kv_events_topic=kv_events_topic,
+            hybrid_kv_cache=hybrid_kv_cache, kv_sliding_slots=kv_sliding_slots,
         )
     except Exception as error:  # a malformed file may trip the loader in any way
         from prefixcache.engine.model_registry import describe_load_error

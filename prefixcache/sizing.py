@@ -82,6 +82,11 @@ class ModelShape:
     num_heads: int
     num_kv_heads: int
     head_dim: int
+    # Local attention: `sliding_layers` of the layers see only the last `window` tokens, so a
+    # cache that lets go of what falls behind the window (the engine's hybrid KV cache)
+    # keeps at most `window` tokens of them per request.
+    sliding_layers: int = 0
+    window: int | None = None
 
     def __post_init__(self) -> None:
         for field_name in ("num_layers", "num_heads", "num_kv_heads", "head_dim"):
@@ -90,6 +95,14 @@ class ModelShape:
             raise ValueError(
                 f"num_kv_heads ({self.num_kv_heads}) must divide num_heads ({self.num_heads})"
             )
+        sliding = self.sliding_layers
+        if isinstance(sliding, bool) or not isinstance(sliding, int) or not (
+                0 <= sliding <= self.num_layers):  # fmt: skip
+            raise ValueError(f"sliding_layers must be an int in [0, num_layers], got {sliding!r}")
+        if self.window is not None:
+            _check_positive_int("window", self.window)
+        if sliding and self.window is None:
+            raise ValueError("sliding layers need a window")
 
     @property
     def attention_kind(self) -> str:
@@ -104,6 +117,14 @@ class ModelShape:
         """KV bytes one token occupies across all layers."""
         return kv_cache_bytes(self.num_layers, self.num_kv_heads, self.head_dim, dtype)
 
+    def bytes_for_context(self, dtype: str, tokens: int) -> int:
+        """KV bytes of one request of `tokens` tokens when the sliding layers keep only their
+        window: full layers x tokens + sliding layers x min(tokens, window), per token-layer."""
+        _check_positive_int("tokens", tokens)
+        full = self.num_layers - self.sliding_layers
+        kept = full * tokens + self.sliding_layers * min(tokens, self.window or tokens)
+        return int(kept * 2 * self.num_kv_heads * self.head_dim * dtype_bytes(dtype))
+
 
 MODEL_PRESETS: dict[str, ModelShape] = {
     "llama-70b": ModelShape(num_layers=80, num_heads=64, num_kv_heads=8, head_dim=128),
@@ -111,6 +132,14 @@ MODEL_PRESETS: dict[str, ModelShape] = {
     "smollm2-135m": ModelShape(num_layers=30, num_heads=9, num_kv_heads=3, head_dim=64),
     "qwen2-7b": ModelShape(num_layers=28, num_heads=28, num_kv_heads=4, head_dim=128),
     "mistral-7b": ModelShape(num_layers=32, num_heads=32, num_kv_heads=8, head_dim=128),
+    # Gemma 3: every 6th layer global, the others a 512 (1B) / 1,024 (27B) token window;
+    # Gemma 2: every other layer slides over 4,096 tokens.
+    "gemma3-1b": ModelShape(num_layers=26, num_heads=4, num_kv_heads=1, head_dim=256,
+                            sliding_layers=22, window=512),
+    "gemma3-27b": ModelShape(num_layers=62, num_heads=32, num_kv_heads=16, head_dim=128,
+                             sliding_layers=52, window=1024),
+    "gemma2-9b": ModelShape(num_layers=42, num_heads=16, num_kv_heads=8, head_dim=256,
+                            sliding_layers=21, window=4096),
 }
 
 

@@ -114,3 +114,30 @@ def test_real_subprocess_bad_dtype_exits_2():
     assert completed.returncode == 2
     assert "Traceback" not in completed.stderr
     assert "fp64" in completed.stderr
+
+
+def test_sliding_layers_keep_their_window_per_request():
+    report = json.loads(invoke("--model", "gemma3-1b", "--tokens", "32768", "--json").stdout)
+    per_layer_token = 2 * 1 * 256 * 2  # K and V, one kv head of 256, bf16
+    assert report["bytes_per_token"] == 26 * per_layer_token
+    assert report["bytes_per_request"] == (4 * 32768 + 22 * 512) * per_layer_token
+    contexts = {row["tokens"]: row for row in report["by_context"]}
+    assert sorted(contexts) == [4096, 32768, 131072]
+    assert contexts[32768]["requests_ratio"] > 5.9  # 5 local : 1 global at 32K
+    gqa = next(v for v in report["variants"] if v["is_model"])
+    assert gqa["bytes_per_request"] == report["bytes_per_request"]
+    table = invoke("--layers", "6", "--heads", "4", "--head-dim", "16", "--sliding-layers", "5",
+                   "--window", "512", "--tokens", "2048")
+    assert table.exit_code == 0, table.output
+    assert "5 of 6 layers slide over 512 tokens" in table.stdout
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--layers", "2", "--heads", "4", "--head-dim", "8", "--sliding-layers", "1"],
+     "need a window"),
+    (["--layers", "2", "--heads", "4", "--head-dim", "8", "--sliding-layers", "3",
+      "--window", "16"], "sliding_layers must be"),
+])
+def test_bad_sliding_shapes_exit_2(args: list[str], message: str):
+    result = invoke(*args)
+    assert result.exit_code == 2 and message in " ".join(result.output.split())

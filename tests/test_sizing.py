@@ -99,9 +99,13 @@ def test_presets():
         "smollm2-135m": (30, 9, 3, 64),
         "qwen2-7b": (28, 28, 4, 128),
         "mistral-7b": (32, 32, 8, 128),
+        "gemma3-1b": (26, 4, 1, 256, 22, 512),
+        "gemma3-27b": (62, 32, 16, 128, 52, 1024),
+        "gemma2-9b": (42, 16, 8, 256, 21, 4096),
     }
     actual = {
         name: (s.num_layers, s.num_heads, s.num_kv_heads, s.head_dim)
+        + ((s.sliding_layers, s.window) if s.sliding_layers else ())
         for name, s in MODEL_PRESETS.items()
     }
     assert actual == expected

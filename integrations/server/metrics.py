@@ -76,6 +76,15 @@ ENGINE_SERIES: tuple[tuple[str, str, str, str], ...] = (
      "Bytes waiting to be written to the shared store", "gauge"),
     ("remote_tier_corrupt", "remote_tier_corrupt_total",
      "Shared-store values that failed their checksum (read as misses)", "counter"),
+    ("sliding_slots", "sliding_kv_slots", "Blocks the sliding-window layers' slot pool holds "
+     "(hybrid KV cache)", "gauge"),
+    ("sliding_slots_held", "sliding_kv_slots_held",
+     "Sliding slots held by running requests' windows", "gauge"),
+    ("sliding_slots_taken", "sliding_kv_slots_taken_total",
+     "Sliding slots taken from a block whose keys they held", "counter"),
+    ("sliding_shortened_tokens", "sliding_kv_shortened_hit_tokens_total",
+     "Prompt tokens recomputed because a cached prefix's last window lost its slots",
+     "counter"),
 )
 
 

@@ -41,6 +41,9 @@ async def _prefix(state: ServerState, request: Request, body: p.CachePromptReque
 
 def _stats_checked(llm: Any) -> dict[str, Any]:
     llm.cache.check_invariants()
+    sliding = getattr(llm, "sliding", None)  # a hybrid KV cache's slot map
+    if sliding is not None:
+        sliding.check_invariants()
     return llm.stats()
 
 

@@ -131,3 +131,14 @@ def test_serve_reports_any_model_loading_error_as_one_message(
     assert result.exit_code == 2, result.output
     assert isinstance(result.exception, SystemExit)
     assert f"did not load: {type(error).__name__}: " in _one_line(result.output)
+
+
+def test_serve_refuses_a_hybrid_kv_cache_for_a_model_without_sliding_layers(
+    tiny_chat_dir: Path,
+) -> None:
+    result = CliRunner().invoke(
+        build_app(), ["serve", "--model", str(tiny_chat_dir), "--port", str(free_port()),
+                      "--hybrid-kv-cache", "--num-blocks", "32"]
+    )
+    assert result.exit_code == 2, result.output
+    assert "hybrid_kv_cache needs a model with sliding-window layers" in _one_line(result.output)
