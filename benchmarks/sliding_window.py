@@ -1,18 +1,25 @@
-"""Sliding-window layers: KV bytes per sequence, decode attention time per layer type against
-the context, and TTFT cold vs warm on a shared prefix, for Gemma-3-shaped models.
+"""Sliding-window layers: KV bytes per sequence, the pool a memory budget buys, requests run
+together, decode attention time per layer type against the context, and TTFT cold vs warm on a
+shared prefix, for Gemma-3-shaped models.
 
     python benchmarks/sliding_window.py [--json results/sliding_window.json]
 
 1. KV bytes per sequence at 4K / 32K / 128K tokens for Gemma 3 1B's shape (26 layers, 5 local :
-   1 global, window 512, 1 KV head of 256, bf16): what the engine's pool holds today (every
-   layer keeps every block) and what per-group block release would hold (sliding layers keep
-   the window only). The second column is arithmetic, not a measurement: that release is not
-   built yet.
-2. Decode attention of one layer at 4K and 32K tokens of context (bf16, 8 sequences, block
+   1 global, window 512, 1 KV head of 256, bf16): every layer keeping every block vs the
+   hybrid KV cache (sliding layers keep their window), from ``prefixcache.sizing``.
+2. The engine's own pools for that attention shape in ``--budget`` bytes (default 2 GiB;
+   ``max_num_seqs`` 16, steps of 4,096 tokens): logical blocks, sliding slots, and how many
+   32K-token sequences each pool holds, hybrid vs every layer global.
+3. Requests run together: 16 requests of 4,000 distinct prompt tokens + 32 generated on a tiny
+   Gemma-3-shaped model (window 128, float32) whose pool holds four of them with every layer
+   global, the hybrid cache in the same bytes: the most running at once, preemptions, wall
+   time, and how many answers are the same tokens in both (the batches differ, so a near
+   tie may round either way).
+4. Decode attention of one layer at 4K and 32K tokens of context (bf16, 8 sequences, block
    16; best of ``--rounds``, the two alternated): a sliding layer (the torch reference) reads
    only its window's blocks, a global layer (the compiled kernel where the CPU has one) the
    whole context.
-3. TTFT on a tiny Gemma-3-shaped model (random weights, 6 layers, window 512): an 8K-token
+5. TTFT on a tiny Gemma-3-shaped model (random weights, 6 layers, window 512): an 8K-token
    prompt cold, then the same 8K prefix with 64 new tokens (a prefix hit).
 """
 
@@ -26,6 +33,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -35,23 +43,68 @@ from bench_report import write_json
 from prefixcache.engine import LLM, SamplingParams
 from prefixcache.kernels import paged_decode_attention
 from prefixcache.kernels.cpu.kernel_choice import cpu_model
+from prefixcache.sizing import MODEL_PRESETS
 
 GEMMA3_1B = {"layers": 26, "pattern": 6, "window": 512, "kv_heads": 1, "head_dim": 256}
+SEQUENCE = 32768  # the context the pools are compared at
 
 
 def kv_bytes(contexts: list[int]) -> list[dict[str, Any]]:
-    shape = GEMMA3_1B
-    per_token_layer = 2 * shape["kv_heads"] * shape["head_dim"] * 2  # K and V, bf16
-    full_layers = shape["layers"] // shape["pattern"]
-    sliding_layers = shape["layers"] - full_layers
+    shape = MODEL_PRESETS["gemma3-1b"]
     rows = []
     for context in contexts:
-        today = shape["layers"] * context * per_token_layer
-        window = min(context, shape["window"] + 16)  # the window plus one partial block
-        grouped = (full_layers * context + sliding_layers * window) * per_token_layer
-        rows.append({"context": context, "engine_today_mib": round(today / 2**20, 1),
-                     "with_group_release_mib": round(grouped / 2**20, 1),
-                     "sequences_ratio": round(today / grouped, 2)})  # fmt: skip
+        every = shape.bytes_per_token("bf16") * context
+        hybrid = shape.bytes_for_context("bf16", context)
+        rows.append({"context": context, "every_layer_mib": round(every / 2**20, 1),
+                     "hybrid_mib": round(hybrid / 2**20, 1),
+                     "sequences_ratio": round(every / hybrid, 2)})  # fmt: skip
+    return rows
+
+
+def pool_sizes(folder: Path, budget: int) -> dict[str, Any]:
+    """The engine's pools for the model at ``folder`` in ``budget`` bytes, hybrid vs global."""
+    rows = {}
+    for name, hybrid in (("hybrid", True), ("every_layer", False)):
+        llm = LLM(str(folder), dtype="bfloat16", kv_cache_memory=budget, block_size=16,
+                  max_num_seqs=16, max_model_len=SEQUENCE, hybrid_kv_cache=hybrid)  # fmt: skip
+        slots = llm.sliding.num_slots if llm.sliding is not None else None
+        rows[name] = {"pool_bytes": llm.kv.nbytes, "logical_blocks": llm.cache.num_blocks,
+                      "sliding_slots": slots,
+                      "sequences_of_32k": round(llm.cache.num_blocks / (SEQUENCE // 16), 2)}
+        del llm
+    rows["sequences_ratio"] = round(rows["hybrid"]["logical_blocks"]
+                                    / rows["every_layer"]["logical_blocks"], 2)  # fmt: skip
+    return rows
+
+
+def run_together(folder: Path, requests: int, prompt: int, output: int) -> dict[str, Any]:
+    """``requests`` distinct prompts at once through a pool that holds four with every layer
+    global; the hybrid engine gets the same bytes."""
+    params = SamplingParams(max_tokens=output, temperature=0.0, ignore_eos=True)
+    prompts = [[(7 * i + 13 * r) % 300 + 20 for i in range(prompt)] for r in range(requests)]
+    budget = None
+    rows: dict[str, Any] = {}
+    for name, hybrid in (("every_layer", False), ("hybrid", True)):
+        options = {"num_blocks": 4 * -(-(prompt + output) // 16)} if budget is None else {
+            "kv_cache_memory": budget}  # fmt: skip
+        llm = LLM(str(folder), dtype="float32", block_size=16, max_num_seqs=requests,
+                  hybrid_kv_cache=hybrid, **options)  # fmt: skip
+        budget = budget or llm.kv.nbytes
+        ids = [llm._add(np.asarray(p, dtype=np.int32), params, None) for p in prompts]
+        most, done = 0, {}
+        started = time.perf_counter()
+        while llm.engine.has_unfinished():
+            for out in llm.engine.step(finished_only=True):
+                done[out.request_id] = out.token_ids
+            most = max(most, len(llm.engine.scheduler.running))
+        rows[name] = {"pool_bytes": llm.kv.nbytes, "most_running": most,
+                      "preemptions": llm.stats()["preemptions"],
+                      "wall_s": round(time.perf_counter() - started, 2)}  # fmt: skip
+        rows[name]["tokens"] = [done[i] for i in ids]
+    pairs = zip(rows["hybrid"].pop("tokens"), rows["every_layer"].pop("tokens"), strict=True)
+    rows["same_answers"] = f"{sum(a == b for a, b in pairs)}/{requests}"
+    rows["running_ratio"] = round(rows["hybrid"]["most_running"]
+                                  / rows["every_layer"]["most_running"], 2)  # fmt: skip
     return rows
 
 
@@ -112,6 +165,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=9)
     parser.add_argument("--prefix", type=int, default=8192)
+    parser.add_argument("--budget", type=int, default=2 << 30, help="pool bytes for part 2")
     parser.add_argument("--json", default="results/sliding_window.json")
     args = parser.parse_args()
     torch.set_grad_enabled(False)
@@ -119,6 +173,24 @@ def main() -> None:
     report["kv_bytes_per_sequence"] = kv_bytes([4096, 32768, 131072])
     for row in report["kv_bytes_per_sequence"]:
         print("kv bytes:", row)
+    from tiny_model_factory import make_tiny_model_dir
+
+    with tempfile.TemporaryDirectory() as folder:
+        shape = make_tiny_model_dir(  # Gemma 3 1B's attention (what sizes the KV), tiny MLPs
+            Path(folder) / "g1b", "gemma3", hidden_size=64, intermediate_size=64,
+            num_hidden_layers=GEMMA3_1B["layers"], num_attention_heads=4,
+            num_key_value_heads=GEMMA3_1B["kv_heads"], head_dim=GEMMA3_1B["head_dim"],
+            sliding_window=GEMMA3_1B["window"], max_position_embeddings=SEQUENCE,
+        )  # fmt: skip
+        report["pool"] = pool_sizes(shape, args.budget)
+        print("pool:", report["pool"])
+        small = make_tiny_model_dir(
+            Path(folder) / "small", "gemma3", hidden_size=64, intermediate_size=128,
+            num_hidden_layers=6, num_attention_heads=4, num_key_value_heads=1, head_dim=64,
+            sliding_window=128, max_position_embeddings=8192,
+        )  # fmt: skip
+        report["run_together"] = run_together(small, 16, 4000, 32)
+        print("run together:", report["run_together"])
     report["decode_attention"] = decode_times([4096, 32768], args.rounds)
     for row in report["decode_attention"]:
         print("decode attention:", row)

@@ -173,8 +173,15 @@ class LLM:
                     raise
                 logger.warning("no hybrid KV cache (%s): every layer keeps every block", error)
             else:
-                num_blocks = pool.num_blocks
-                self.sliding = SlidingSlots(num_blocks, pool.num_slots, block_size, pool.window)
+                plain = None if num_blocks is not None else blocks_for_memory(
+                    self.config, block_size, pool_dtype, memory)  # fmt: skip
+                if hybrid_kv_cache is None and plain is not None and pool.num_blocks <= plain:
+                    logger.warning("no hybrid KV cache: %d bytes hold no more blocks with it "
+                                   "(%d) than without (%d)", memory, pool.num_blocks, plain)
+                else:
+                    num_blocks = pool.num_blocks
+                    self.sliding = SlidingSlots(num_blocks, pool.num_slots, block_size,
+                                                pool.window)  # fmt: skip
         if num_blocks is None:
             num_blocks = blocks_for_memory(self.config, block_size, pool_dtype, memory)
         tier_dtype = tier_storage_dtype(kv_tier_dtype, pool_dtype)

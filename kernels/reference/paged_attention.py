@@ -17,13 +17,16 @@ def gather_context(
     cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
     block_table: torch.Tensor,  # [max_blocks] int
     length: int,
-) -> torch.Tensor:  # [length, num_kv_heads, head_dim]
-    """The first ``length`` cached tokens of one sequence, in order."""
+    first_block: int = 0,
+) -> torch.Tensor:  # [length - first_block * block_size, num_kv_heads, head_dim]
+    """The cached tokens of one sequence from block ``first_block`` up to ``length``, in
+    order."""
     block_size = cache.shape[1]
     num_blocks = -(-length // block_size)
     # index_select is several times faster than advanced indexing for this gather on CPU
-    blocks = cache.index_select(0, block_table[:num_blocks].long())  # [blocks, bs, kv, dim]
-    return blocks.reshape(-1, cache.shape[2], cache.shape[3])[:length]
+    table = block_table[first_block:num_blocks].long()
+    blocks = cache.index_select(0, table)  # [blocks, bs, kv, dim]
+    return blocks.reshape(-1, cache.shape[2], cache.shape[3])[: length - first_block * block_size]
 
 
 def paged_prefill_attention_reference(
@@ -46,7 +49,8 @@ def paged_prefill_attention_reference(
     tokens up to itself. The new tokens' k/v come from ``k``/``v``, not from the cache.
     ``widen`` runs 16-bit inputs in float32 (see ``_widened``); without it SDPA runs in the
     query dtype (``paged_prefill_attention_sdpa``). With ``sliding_window`` W the token at
-    position i sees only keys j with i - W < j <= i. With ``softcap`` c the scores become
+    position i sees only keys j with i - W < j <= i, and the cached blocks wholly before the
+    first new token's window are not read. With ``softcap`` c the scores become
     ``c * tanh(scores / c)`` before the softmax (Gemma 2)."""
     widened = _widened if widen else _unchanged
     out = torch.empty_like(q)
@@ -57,13 +61,17 @@ def paged_prefill_attention_reference(
         if begin == end:
             continue
         keys, values = k[begin:end], v[begin:end]  # [new, kv_heads, dim]
-        if context:
-            cached_k = gather_context(k_cache, block_tables[seq], context)
-            cached_v = gather_context(v_cache, block_tables[seq], context)
+        first_block = 0  # the first cached block any new token sees
+        if sliding_window is not None:
+            first_block = max(0, context - sliding_window + 1) // k_cache.shape[1]
+        skipped = first_block * k_cache.shape[1]  # cached keys no new token sees
+        if context > skipped:
+            cached_k = gather_context(k_cache, block_tables[seq], context, first_block)
+            cached_v = gather_context(v_cache, block_tables[seq], context, first_block)
             keys = torch.cat([dequantize(cached_k, k_scale, q.dtype), keys])
             values = torch.cat([dequantize(cached_v, v_scale, q.dtype), values])
-        attended = _attend(widened(q[begin:end]), widened(keys), widened(values), context, scale,
-                           sliding_window, softcap)  # fmt: skip
+        attended = _attend(widened(q[begin:end]), widened(keys), widened(values),
+                           context - skipped, scale, sliding_window, softcap)  # fmt: skip
         out[begin:end] = attended  # rounded to the query dtype once, here
     return out
 

@@ -1,0 +1,72 @@
+"""The torch reference's sliding-window attention: prefill and decode equal a dense masked
+computation, and neither reads a cached block wholly outside the window (poisoned with NaN
+there, the result stays finite and equal)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from paged_kernel_inputs import make_pool, varlen_queries
+
+from prefixcache.kernels.reference.paged_attention import (
+    paged_decode_attention_reference,
+    paged_prefill_attention_reference,
+)
+
+
+def dense(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, first_position: int,
+          window: int, scale: float) -> torch.Tensor:  # fmt: skip
+    """q: [new, heads, dim] at positions first_position..; keys/values: [total, kv, dim]."""
+    group = q.shape[1] // keys.shape[1]
+    keys = keys.repeat_interleave(group, dim=1).float()
+    values = values.repeat_interleave(group, dim=1).float()
+    scores = torch.einsum("nhd,thd->hnt", q.float(), keys) * scale
+    rows = torch.arange(q.shape[0]).unsqueeze(1) + first_position
+    cols = torch.arange(keys.shape[0]).unsqueeze(0)
+    visible = (cols <= rows) & (cols > rows - window)
+    scores = scores.masked_fill(~visible, float("-inf"))
+    return torch.einsum("hnt,thd->nhd", torch.softmax(scores, dim=-1), values)
+
+
+def poison_outside(pool, seq: int, first_seen: int, block_size: int) -> None:
+    """NaN in every cached block of ``seq`` wholly before position ``first_seen``."""
+    for index in range(first_seen // block_size):
+        block = int(pool.block_tables[seq, index])
+        pool.k_cache[block] = float("nan")
+        pool.v_cache[block] = float("nan")
+
+
+@pytest.mark.parametrize("block_size", [4, 16])
+def test_prefill_sees_the_window_only(block_size: int) -> None:
+    window, contexts, new = 24, [70, 5, 0], [9, 30, 40]
+    q, k, v, starts = varlen_queries(new, 4, 2, 32)
+    pool = make_pool(contexts, 2, 32, block_size)
+    expected = []
+    for seq, context in enumerate(contexts):
+        cached_k = pool.k_cache[pool.block_tables[seq]].reshape(-1, 2, 32)[:context]
+        cached_v = pool.v_cache[pool.block_tables[seq]].reshape(-1, 2, 32)[:context]
+        span = slice(int(starts[seq]), int(starts[seq + 1]))
+        expected.append(dense(q[span], torch.cat([cached_k, k[span]]),
+                              torch.cat([cached_v, v[span]]), context, window, 32**-0.5))
+        poison_outside(pool, seq, max(0, context - window + 1), block_size)
+    got = paged_prefill_attention_reference(
+        q, k, v, pool.k_cache, pool.v_cache, pool.block_tables, starts,
+        torch.tensor(contexts, dtype=torch.int32), 32**-0.5, sliding_window=window,
+    )  # fmt: skip
+    torch.testing.assert_close(got, torch.cat(expected), atol=1e-5, rtol=1e-4)
+
+
+def test_decode_sees_the_window_only() -> None:
+    window, lengths = 24, [70, 9, 33]
+    pool = make_pool(lengths, 2, 32, 4)
+    q = torch.randn(len(lengths), 4, 32)
+    expected = []
+    for seq, length in enumerate(lengths):
+        keys = pool.k_cache[pool.block_tables[seq]].reshape(-1, 2, 32)[:length]
+        values = pool.v_cache[pool.block_tables[seq]].reshape(-1, 2, 32)[:length]
+        expected.append(dense(q[seq:seq + 1], keys, values, length - 1, window, 32**-0.5))
+        poison_outside(pool, seq, max(0, length - window), 4)
+    got = paged_decode_attention_reference(q, pool.k_cache, pool.v_cache, pool.block_tables,
+                                           torch.tensor(lengths, dtype=torch.int32), 32**-0.5,
+                                           sliding_window=window)  # fmt: skip
+    torch.testing.assert_close(got, torch.cat(expected), atol=1e-5, rtol=1e-4)
