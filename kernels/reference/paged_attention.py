@@ -12,6 +12,8 @@ import torch.nn.functional as F
 
 from prefixcache.kernels.quantization import dequantize
 
+WINDOW_RUN = 64  # fewest new tokens a windowed prefill attends at once
+
 
 def gather_context(
     cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
@@ -49,10 +51,20 @@ def paged_prefill_attention_reference(
     tokens up to itself. The new tokens' k/v come from ``k``/``v``, not from the cache.
     ``widen`` runs 16-bit inputs in float32 (see ``_widened``); without it SDPA runs in the
     query dtype (``paged_prefill_attention_sdpa``). With ``sliding_window`` W the token at
-    position i sees only keys j with i - W < j <= i, and the cached blocks wholly before the
-    first new token's window are not read. With ``softcap`` c the scores become
-    ``c * tanh(scores / c)`` before the softmax (Gemma 2)."""
+    position i sees only keys j with i - W < j <= i: the cached blocks wholly before the first
+    new token's window are not read, and the new tokens go in runs of ``max(W, 64)``, each
+    over its own keys. With ``softcap`` c the scores become ``c * tanh(scores / c)`` before
+    the softmax (Gemma 2).
+
+    Windowed and soft-capped attention (widened) run in float64, rounded once at the output:
+    the key range and the chunk a token comes in change the order of the sums, and float64's
+    error is so far below float32's that the rounded result does not move with them (a
+    cached answer equals an uncached one, bit for bit in every test; the full layers'
+    compiled kernels give that by construction)."""
     widened = _widened if widen else _unchanged
+    if widen and (sliding_window is not None or softcap is not None):
+        widened = _double
+    run = max(sliding_window, WINDOW_RUN) if sliding_window is not None else None
     out = torch.empty_like(q)
     starts = query_start_loc.tolist()
     contexts = context_lens.tolist()
@@ -70,9 +82,17 @@ def paged_prefill_attention_reference(
             cached_v = gather_context(v_cache, block_tables[seq], context, first_block)
             keys = torch.cat([dequantize(cached_k, k_scale, q.dtype), keys])
             values = torch.cat([dequantize(cached_v, v_scale, q.dtype), values])
-        attended = _attend(widened(q[begin:end]), widened(keys), widened(values),
-                           context - skipped, scale, sliding_window, softcap)  # fmt: skip
-        out[begin:end] = attended  # rounded to the query dtype once, here
+        keys, values = widened(keys), widened(values)  # positions skipped .. context + new
+        step = run or end - begin
+        for first in range(0, end - begin, step):  # runs of new tokens, each over its keys
+            last = min(end - begin, first + step)
+            lowest = skipped  # the first key position any token of the run sees
+            if sliding_window is not None:
+                lowest = max(skipped, context + first - sliding_window + 1)
+            seen = slice(lowest - skipped, context + last - skipped)
+            attended = _attend(widened(q[begin + first:begin + last]), keys[seen], values[seen],
+                               context + first - lowest, scale, sliding_window, softcap)
+            out[begin + first:begin + last] = attended  # rounded to the query dtype once
     return out
 
 
@@ -98,6 +118,11 @@ def paged_prefill_attention_sdpa(
         q, k, v, k_cache, v_cache, block_tables, query_start_loc, context_lens, scale,
         k_scale, v_scale, widen=False, sliding_window=sliding_window,
     )  # fmt: skip
+
+
+def _double(x: torch.Tensor) -> torch.Tensor:
+    """``x`` in float64 (windowed and soft-capped attention: see the prefill's docstring)."""
+    return x.double()
 
 
 def _unchanged(x: torch.Tensor) -> torch.Tensor:
@@ -175,10 +200,11 @@ def _softcapped(
 ) -> torch.Tensor:  # [kv_heads, rows, head_dim]
     """Attention with soft-capped scores, op by op as transformers' eager Gemma 2 does
     (SDPA has no soft-cap): ``softmax(c * tanh(q.k * scale / c) + mask) @ v``, the softmax in
-    float32."""
+    float32 or in the inputs' dtype if wider."""
     scores = torch.matmul(q, keys.transpose(1, 2)) * scale  # [kv, rows, total]
     scores = torch.tanh(scores / softcap) * softcap
-    scores = scores.float() + additive_mask(visible, torch.float32)
+    scores = scores.to(torch.promote_types(scores.dtype, torch.float32))
+    scores = scores + additive_mask(visible, scores.dtype)
     weights = torch.softmax(scores, dim=-1).to(q.dtype)
     return torch.matmul(weights, values)
 
@@ -237,15 +263,17 @@ def paged_decode_attention_reference(
     # One query token per sequence: the query heads of a KV group act as `group` query rows
     # over that KV head, so no K/V copy per query head is needed. With so few query rows,
     # two batched matmuls beat SDPA's CPU flash kernel (about 2x in bf16); the softmax runs in
-    # float32.
-    grouped = _widened(q).reshape(num_seqs, num_kv_heads, group, head_dim)
-    scores = torch.matmul(grouped, _widened(keys).permute(0, 2, 3, 1))  # [seqs, kv, group, len]
-    scores = scores.float().mul_(scale)
+    # float32. Windowed and soft-capped layers run in float64 as their prefill does, so a token
+    # computed here (a one-token chunk) equals the same token computed in a longer chunk.
+    widened = _double if sliding_window is not None or softcap is not None else _widened
+    grouped = widened(q).reshape(num_seqs, num_kv_heads, group, head_dim)
+    scores = torch.matmul(grouped, widened(keys).permute(0, 2, 3, 1))  # [seqs, kv, group, len]
+    scores = scores.to(torch.promote_types(scores.dtype, torch.float32)).mul_(scale)
     if softcap is not None:
         scores = torch.tanh(scores / softcap).mul_(softcap)
     scores = scores.add_(mask[:, None, None, :])
     weights = torch.softmax(scores, dim=-1).to(grouped.dtype)
-    out = torch.matmul(weights, _widened(values).transpose(1, 2))  # [seqs, kv, group, dim]
+    out = torch.matmul(weights, widened(values).transpose(1, 2))  # [seqs, kv, group, dim]
     return out.reshape(num_seqs, num_heads, head_dim).to(q.dtype)
 
 
