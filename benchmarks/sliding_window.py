@@ -87,8 +87,10 @@ def run_together(folder: Path, requests: int, prompt: int, output: int) -> dict[
     for name, hybrid in (("every_layer", False), ("hybrid", True)):
         options = {"num_blocks": 4 * -(-(prompt + output) // 16)} if budget is None else {
             "kv_cache_memory": budget}  # fmt: skip
+        # steps of one prompt (a power of two), so each prompt prefills in one step
         llm = LLM(str(folder), dtype="float32", block_size=16, max_num_seqs=requests,
-                  hybrid_kv_cache=hybrid, **options)  # fmt: skip
+                  max_num_batched_tokens=1 << prompt.bit_length(), hybrid_kv_cache=hybrid,
+                  **options)  # fmt: skip
         budget = budget or llm.kv.nbytes
         ids = [llm._add(np.asarray(p, dtype=np.int32), params, None) for p in prompts]
         most, done = 0, {}
@@ -166,6 +168,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=9)
     parser.add_argument("--prefix", type=int, default=8192)
     parser.add_argument("--budget", type=int, default=2 << 30, help="pool bytes for part 2")
+    parser.add_argument("--requests", type=int, default=16, help="part 3's requests")
+    parser.add_argument("--prompt", type=int, default=4000, help="part 3's prompt tokens")
     parser.add_argument("--json", default="results/sliding_window.json")
     args = parser.parse_args()
     torch.set_grad_enabled(False)
@@ -189,7 +193,7 @@ def main() -> None:
             num_hidden_layers=6, num_attention_heads=4, num_key_value_heads=1, head_dim=64,
             sliding_window=128, max_position_embeddings=8192,
         )  # fmt: skip
-        report["run_together"] = run_together(small, 16, 4000, 32)
+        report["run_together"] = run_together(small, args.requests, args.prompt, 32)
         print("run together:", report["run_together"])
     report["decode_attention"] = decode_times([4096, 32768], args.rounds)
     for row in report["decode_attention"]:

@@ -203,11 +203,17 @@ def run_script(script: str, *args: str) -> None:
 
 def test_sliding_window_small(tmp_path):
     out = tmp_path / "sliding.json"
-    run_script("sliding_window.py", "--rounds", "1", "--prefix", "256", "--json", str(out))
+    run_script("sliding_window.py", "--rounds", "1", "--prefix", "256", "--budget",
+               str(1 << 30), "--requests", "4", "--prompt", "300", "--json", str(out))  # fmt: skip
     result = json.loads(out.read_text())
     rows = result["kv_bytes_per_sequence"]
     assert [r["context"] for r in rows] == [4096, 32768, 131072]
-    assert all(r["with_group_release_mib"] < r["engine_today_mib"] for r in rows)
+    assert all(r["hybrid_mib"] < r["every_layer_mib"] for r in rows)
+    pool = result["pool"]
+    assert pool["hybrid"]["logical_blocks"] > 4 * pool["every_layer"]["logical_blocks"]
+    together = result["run_together"]
+    assert together["every_layer"]["pool_bytes"] == together["hybrid"]["pool_bytes"]
+    assert together["same_answers"] == "4/4"
     assert {"sliding_ms", "global_ms"} <= set(result["decode_attention"][0])
     assert result["ttft"]["prefix"] == 256 and result["ttft"]["warm_s"] > 0
 
