@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -84,11 +85,17 @@ def section(name: str, value: Any, depth: int) -> list[str]:
     return [heading, "", cell(value), ""]
 
 
-def report_markdown(path: Path, level: int = 2) -> str:
+def report_markdown(path: Path, level: int = 2, keys: Sequence[str] = ()) -> str:
     """The report at ``path`` as Markdown: a heading of ``level`` naming the file, the run's
-    line, then its tables under headings one level down."""
+    line, then its tables under headings one level down (only the top-level ``keys`` when
+    given: KeyError naming one the report lacks)."""
     data = json.loads(path.read_text())
     run = data.get("run") if isinstance(data, dict) else None
+    if keys:
+        missing = [key for key in keys if key not in data]
+        if missing:
+            raise KeyError(f"{path.name} has no {', '.join(missing)}")
+        data = {"run": run, **{key: data[key] for key in keys}}
     lines = ["#" * level + f" `{path.name}`", "", run_line(run), ""]
     if not isinstance(data, dict):
         return "\n".join(lines + section("results", data, level + 1)).rstrip() + "\n"

@@ -236,3 +236,18 @@ def test_reports_record_their_run_and_render_as_markdown(tmp_path):
     markdown = subprocess.run(command, capture_output=True, text=True, check=True).stdout
     assert markdown.startswith("## `fragmentation.json`") and run["cpu"] in markdown
     assert "| ratio" in markdown or "### ratios" in markdown
+
+
+def test_a_report_can_show_some_of_its_entries(tmp_path):
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        import report
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+    path = tmp_path / "r.json"
+    path.write_text(json.dumps({"run": {"cpu": "X"}, "summary": [{"a": 1}], "raw": [{"b": 2}]}))
+    shown = report.report_markdown(path, keys=["summary"])
+    assert "summary" in shown and "raw" not in shown and "| a |" in shown
+    assert "raw" in report.report_markdown(path)
+    with pytest.raises(KeyError, match="no other"):
+        report.report_markdown(path, keys=["other"])

@@ -1,7 +1,8 @@
 """MkDocs hook: pages that say ``<!-- generated: cli -->`` or ``<!-- generated: http -->``
 get the CLI's help or the HTTP API's schema, generated from the code at build time; a page
 that says ``<!-- report: runs/NAME.json -->`` gets the tables of that benchmark run
-(``docs/runs/``, rendered by ``benchmarks/report.py``, its machine and revision included).
+(``docs/runs/``, rendered by ``benchmarks/report.py``, its machine and revision included);
+``<!-- report: runs/NAME.json KEY ... -->`` only those top-level entries of it.
 
 The repository installs ``engine/``, ``kernels/`` and ``integrations/`` as subpackages of
 ``prefixcache`` (pyproject ``package-dir``); mkdocstrings reads sources by import path, so
@@ -38,7 +39,7 @@ def _lay_out_sources() -> None:
 _lay_out_sources()
 
 
-REPORT = re.compile(r"<!-- report: (runs/[\w.-]+\.json) -->")
+REPORT = re.compile(r"<!-- report: (runs/[\w.-]+\.json)((?: \w+)*) -->")
 
 
 def _report(match: re.Match) -> str:
@@ -46,7 +47,8 @@ def _report(match: re.Match) -> str:
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    return module.report_markdown(ROOT / "docs" / match.group(1), level=3)
+    keys = match.group(2).split()  # the report's top-level entries to show (default: all)
+    return module.report_markdown(ROOT / "docs" / match.group(1), level=3, keys=keys)
 
 
 def on_page_markdown(markdown: str, **_: Any) -> str:
