@@ -251,3 +251,15 @@ def test_a_report_can_show_some_of_its_entries(tmp_path):
     assert "raw" in report.report_markdown(path)
     with pytest.raises(KeyError, match="no other"):
         report.report_markdown(path, keys=["other"])
+
+
+def test_router_simulate_and_mooncake_replay_small(tmp_path):
+    simulated, replayed = tmp_path / "sim.json", tmp_path / "replay.json"
+    run_script("router_simulate.py", "--limit", "300", "--json", str(simulated))
+    policies = json.loads(simulated.read_text())["replicas_8"]["policies"]
+    assert policies["oracle"]["hit_over_oracle"] == 1.0
+    assert policies["round_robin"]["p90_times_lower_than_round_robin"] == 1.0
+    run_script("mooncake_replay.py", "--limit", "20", "--json", str(replayed))
+    targets = json.loads(replayed.read_text())["targets"]
+    assert targets["cache off"]["completed"] == targets["cache on"]["completed"] == 20
+    assert targets["cache off"]["hit_rate"] == 0.0
