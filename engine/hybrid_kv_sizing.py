@@ -10,13 +10,16 @@ bytes: its whole budget is slots, and its logical blocks are bookkeeping only.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 import torch
 
-from prefixcache.engine.kv_cache import kv_bytes_per_block, sliding_layer_ids
+from prefixcache.engine.kv_cache import blocks_for_memory, kv_bytes_per_block, sliding_layer_ids
 from prefixcache.engine.model_config import ModelConfig
 from prefixcache.engine.sliding_slots import SlidingSlots
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -113,3 +116,46 @@ def hybrid_pool(
         raise ValueError(f"kv_cache_memory={kv_cache_memory} bytes holds no KV block of "
                          f"{block_size} tokens beside {wanted} sliding slots")  # fmt: skip
     return HybridPool(int(blocks), int(wanted), window)
+
+
+def size_kv_pool(
+    config: ModelConfig,
+    block_size: int,
+    dtype: torch.dtype,
+    *,
+    num_blocks: int | None,
+    kv_cache_memory: int,
+    hybrid_kv_cache: bool | None,
+    sliding_slots: int | None,
+    tiered: bool,
+    max_num_seqs: int,
+    max_num_batched_tokens: int,
+    max_model_len: int,
+) -> tuple[int, HybridPool | None]:
+    """The engine's logical blocks, and its hybrid pool if it keeps one (``use_hybrid``).
+    Left to choose (``hybrid_kv_cache`` and ``sliding_slots`` None), a hybrid pool that cannot
+    be sized, or holds no more blocks than the plain one in the same memory, gives way to the
+    plain one, saying so in the log; asked for, it raises ValueError instead."""
+    if use_hybrid(hybrid_kv_cache, sliding_window_of(config), tiered, sliding_slots):
+        chosen = hybrid_kv_cache is not None or sliding_slots is not None
+        try:
+            pool = hybrid_pool(config, block_size, dtype, num_blocks=num_blocks,
+                               kv_cache_memory=kv_cache_memory, sliding_slots=sliding_slots,
+                               max_num_seqs=max_num_seqs,
+                               max_num_batched_tokens=max_num_batched_tokens,
+                               max_model_len=max_model_len)  # fmt: skip
+        except ValueError as error:
+            if chosen:
+                raise
+            logger.warning("no hybrid KV cache (%s): every layer keeps every block", error)
+        else:
+            if num_blocks is not None or chosen:
+                return pool.num_blocks, pool
+            plain = blocks_for_memory(config, block_size, dtype, kv_cache_memory)
+            if pool.num_blocks > plain:
+                return pool.num_blocks, pool
+            logger.warning("no hybrid KV cache: %d bytes hold no more blocks with it (%d) than "
+                           "without (%d)", kv_cache_memory, pool.num_blocks, plain)  # fmt: skip
+    if num_blocks is None:
+        num_blocks = blocks_for_memory(config, block_size, dtype, kv_cache_memory)
+    return num_blocks, None

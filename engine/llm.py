@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import itertools
-import logging
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -25,8 +24,8 @@ from prefixcache.engine.engine_options import (
     resolve_dtype,
 )
 from prefixcache.engine.host_kv_tier import HostKVTier
-from prefixcache.engine.hybrid_kv_sizing import hybrid_pool, sliding_window_of, use_hybrid
-from prefixcache.engine.kv_cache import PagedKVCache, blocks_for_memory, kv_bytes_per_block
+from prefixcache.engine.hybrid_kv_sizing import size_kv_pool, use_hybrid
+from prefixcache.engine.kv_cache import PagedKVCache, kv_bytes_per_block
 from prefixcache.engine.kv_event_publisher import KVEventPublisher, check_kv_events
 from prefixcache.engine.kv_tier_codec import tier_codec, tier_storage_dtype
 from prefixcache.engine.kv_tiers import KVTiers
@@ -44,8 +43,6 @@ from prefixcache.engine.structured_output import GrammarCompiler
 from prefixcache.kernels import kv_storage_dtype
 from prefixcache.tokens import check_salt
 from prefixcache.ttl_pins import TtlPins
-
-logger = logging.getLogger(__name__)
 
 DEFAULT_KV_CACHE_MEMORY = 1 << 30
 DEFAULT_MAX_MODEL_LEN = 8192
@@ -160,30 +157,12 @@ class LLM:
             loaded.model.local_rotary.reserve(self.max_model_len)
         pool_dtype = kv_storage_dtype(kv_cache_dtype, self.dtype)
         memory = DEFAULT_KV_CACHE_MEMORY if kv_cache_memory is None else kv_cache_memory
-        self.sliding: SlidingSlots | None = None
-        if use_hybrid(hybrid_kv_cache, sliding_window_of(self.config), tiered, kv_sliding_slots):
-            try:
-                pool = hybrid_pool(self.config, block_size, pool_dtype, num_blocks=num_blocks,
-                                   kv_cache_memory=memory, sliding_slots=kv_sliding_slots,
-                                   max_num_seqs=max_num_seqs,
-                                   max_num_batched_tokens=max_num_batched_tokens,
-                                   max_model_len=self.max_model_len)  # fmt: skip
-            except ValueError as error:
-                if hybrid_kv_cache is not None or kv_sliding_slots is not None:
-                    raise
-                logger.warning("no hybrid KV cache (%s): every layer keeps every block", error)
-            else:
-                plain = None if num_blocks is not None else blocks_for_memory(
-                    self.config, block_size, pool_dtype, memory)  # fmt: skip
-                if hybrid_kv_cache is None and plain is not None and pool.num_blocks <= plain:
-                    logger.warning("no hybrid KV cache: %d bytes hold no more blocks with it "
-                                   "(%d) than without (%d)", memory, pool.num_blocks, plain)
-                else:
-                    num_blocks = pool.num_blocks
-                    self.sliding = SlidingSlots(num_blocks, pool.num_slots, block_size,
-                                                pool.window)  # fmt: skip
-        if num_blocks is None:
-            num_blocks = blocks_for_memory(self.config, block_size, pool_dtype, memory)
+        num_blocks, hybrid = size_kv_pool(
+            self.config, block_size, pool_dtype, num_blocks=num_blocks, kv_cache_memory=memory,
+            hybrid_kv_cache=hybrid_kv_cache, sliding_slots=kv_sliding_slots, tiered=tiered,
+            max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+            max_model_len=self.max_model_len,
+        )  # fmt: skip
         tier_dtype = tier_storage_dtype(kv_tier_dtype, pool_dtype)
         host_slots = 0
         if host_memory is not None:
@@ -192,6 +171,10 @@ class LLM:
                 raise ValueError(f"kv_host_memory={kv_host_memory!r} holds no KV block")
         self.cache = PrefixCache(num_blocks, block_size, model_fingerprint=loaded.fingerprint,
                                  host_tier_blocks=host_slots)  # fmt: skip
+        self.sliding: SlidingSlots | None = None
+        if hybrid is not None:  # the slots know which blocks the tree still holds
+            self.sliding = SlidingSlots(num_blocks, hybrid.num_slots, block_size, hybrid.window,
+                                        self.cache.tree.node_of)  # fmt: skip
         if self.kv_events is not None:
             self.cache.set_event_listener(self.kv_events)
         in_pool_rows = self.device.type != "cuda" and tier_dtype == pool_dtype

@@ -12,8 +12,8 @@ logical blocks) and ``SlidingSlots`` maps logical blocks to slots:
   (their keys still valid) but may be taken by another block, least recently let go first.
 * A logical block keeps its slot while nobody takes it, so a cached prefix whose last window
   still has its slots is a usable hit (``usable_prefix``), even when the early blocks' slots
-  went long ago. A hit whose last window lost a slot is shortened to the longest prefix whose
-  window is whole.
+  went long ago. Slots of blocks the prefix cache evicted go first: no hit can use them. A
+  hit whose last window lost a slot is shortened to the longest prefix whose window is whole.
 * A block copied this step (a copy-on-write source, a partly filled cached block) is
   ``protect``-ed until the next step, so its slot cannot be taken before the copy runs.
 
@@ -29,6 +29,7 @@ from collections.abc import Hashable, Sequence
 import numpy as np
 
 NO_SLOT = -1
+SCAN = 32  # takeable slots looked at for one whose keys no hit can use
 
 
 class SlidingSlots:
@@ -37,13 +38,18 @@ class SlidingSlots:
     Every slot is either held (by requests' windows or a copy this step) or in the LRU of
     slots that may be taken, unassigned ones first."""
 
-    def __init__(self, num_blocks: int, num_slots: int, block_size: int, window: int) -> None:
+    def __init__(self, num_blocks: int, num_slots: int, block_size: int, window: int,
+                 cached: np.ndarray | None = None) -> None:  # fmt: skip
+        """``cached``: a view of the prefix cache's per-block node index (``RadixTree.node_of``,
+        -1 for a block the tree does not hold): a slot whose block is not cached is taken
+        before the least recently let go of the others."""
         if num_slots < 1 or num_blocks < 1 or block_size < 1 or window < 1:
             raise ValueError("num_blocks, num_slots, block_size and window must be positive")
         self.num_blocks = num_blocks
         self.num_slots = num_slots
         self.block_size = block_size
         self.window = window
+        self.cached = cached
         self.slot_of = np.full(num_blocks, NO_SLOT, dtype=np.int64)  # logical block -> slot
         self.block_of = np.full(num_slots, NO_SLOT, dtype=np.int64)  # slot -> logical block
         self.holds = np.zeros(num_slots, dtype=np.int64)  # windows + copies holding a slot
@@ -160,7 +166,8 @@ class SlidingSlots:
             self.takeable[slot] = None  # the most recently let go: taken last
 
     def _assign(self, block: int) -> None:
-        slot, _ = self.takeable.popitem(last=False)
+        slot = self._slot_to_take()
+        del self.takeable[slot]
         previous = int(self.block_of[slot])
         if previous != NO_SLOT:
             self.slot_of[previous] = NO_SLOT
@@ -168,6 +175,18 @@ class SlidingSlots:
         self.slot_of[block] = slot
         self.block_of[slot] = block
         self.holds[slot] = 1
+
+    def _slot_to_take(self) -> int:
+        """The least recently let go slot, unless one of the next ``SCAN`` holds no block or a
+        block the prefix cache no longer holds (keys no hit can use): that one."""
+        first = next(iter(self.takeable))
+        if self.cached is None:
+            return first
+        for slot, _ in zip(self.takeable, range(SCAN), strict=False):
+            block = int(self.block_of[slot])
+            if block == NO_SLOT or self.cached[block] < 0:
+                return slot
+        return first
 
     # ------------------------------------------------------------------ translation
     def slot_table(self, blocks: np.ndarray) -> np.ndarray:  # same shape, int64 slots

@@ -110,3 +110,16 @@ def test_random_holds_keep_the_invariants(ops: list[tuple[str, int, int, bool]])
     slots.end_copies()
     slots.check_invariants()
     assert not slots.holds.any() and len(slots.takeable) == 10
+
+
+def test_slots_of_blocks_the_cache_evicted_go_first() -> None:
+    node_of = np.zeros(16, dtype=np.int32)  # every block cached...
+    slots = SlidingSlots(num_blocks=16, num_slots=3, block_size=4, window=4, cached=node_of)
+    assert slots.hold("a", [0, 1, 2])
+    slots.release("a")  # let go in the order 0, 1, 2
+    node_of[1] = -1  # ...until the tree evicts block 1
+    assert slots.hold("b", [5])
+    assert slots.slot_of[1] == NO_SLOT and slots.slot_of[0] != NO_SLOT  # not the LRU's block 0
+    assert slots.hold("b", [5, 6])
+    assert slots.slot_of[0] == NO_SLOT  # then least recently let go again
+    slots.check_invariants()
