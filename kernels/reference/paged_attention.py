@@ -12,7 +12,7 @@ import torch.nn.functional as F
 
 from prefixcache.kernels.quantization import dequantize
 
-WINDOW_RUN = 64  # fewest new tokens a windowed prefill attends at once
+WINDOW_RUN = 64  # fewest new tokens a windowed prefill attends at once (else a quarter window)
 
 
 def gather_context(
@@ -52,8 +52,9 @@ def paged_prefill_attention_reference(
     ``widen`` runs 16-bit inputs in float32 (see ``_widened``); without it SDPA runs in the
     query dtype (``paged_prefill_attention_sdpa``). With ``sliding_window`` W the token at
     position i sees only keys j with i - W < j <= i: the cached blocks wholly before the first
-    new token's window are not read, and the new tokens go in runs of ``max(W, 64)``, each
-    over its own keys. With ``softcap`` c the scores become ``c * tanh(scores / c)`` before
+    new token's window are not read, and the new tokens go in runs of ``max(W // 4, 64)``,
+    each over its own keys (a run of R tokens scores R x (W + R) pairs for the R x W it
+    needs). With ``softcap`` c the scores become ``c * tanh(scores / c)`` before
     the softmax (Gemma 2).
 
     Windowed and soft-capped attention (widened) run in float64, rounded once at the output:
@@ -64,7 +65,7 @@ def paged_prefill_attention_reference(
     widened = _widened if widen else _unchanged
     if widen and (sliding_window is not None or softcap is not None):
         widened = _double
-    run = max(sliding_window, WINDOW_RUN) if sliding_window is not None else None
+    run = max(sliding_window // 4, WINDOW_RUN) if sliding_window is not None else None
     out = torch.empty_like(q)
     starts = query_start_loc.tolist()
     contexts = context_lens.tolist()

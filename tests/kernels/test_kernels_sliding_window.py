@@ -4,6 +4,8 @@ there, the result stays finite and equal)."""
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 from paged_kernel_inputs import make_pool, varlen_queries
@@ -36,9 +38,13 @@ def poison_outside(pool, seq: int, first_seen: int, block_size: int) -> None:
         pool.v_cache[block] = float("nan")
 
 
+@pytest.mark.parametrize(("window", "contexts", "new"), [
+    (24, [70, 5, 0], [9, 30, 40]),
+    (300, [500, 0], [200, 330]),  # runs of 75 new tokens, each over its own keys
+])
 @pytest.mark.parametrize("block_size", [4, 16])
-def test_prefill_sees_the_window_only(block_size: int) -> None:
-    window, contexts, new = 24, [70, 5, 0], [9, 30, 40]
+def test_prefill_sees_the_window_only(block_size: int, window: int, contexts: list[int],
+                                      new: list[int]) -> None:  # fmt: skip
     q, k, v, starts = varlen_queries(new, 4, 2, 32)
     pool = make_pool(contexts, 2, 32, block_size)
     expected = []
@@ -70,3 +76,27 @@ def test_decode_sees_the_window_only() -> None:
                                            torch.tensor(lengths, dtype=torch.int32), 32**-0.5,
                                            sliding_window=window)  # fmt: skip
     torch.testing.assert_close(got, torch.cat(expected), atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_token_is_the_same_in_any_chunk(dtype: torch.dtype) -> None:
+    """A windowed prefill token's output does not depend on the chunk it comes in (float64
+    inside, rounded once), so a cached answer can equal an uncached one bit for bit."""
+    window, total, block_size = 300, 700, 16
+    pool = make_pool([total], 2, 32, block_size)
+    pool.k_cache, pool.v_cache = pool.k_cache.to(dtype), pool.v_cache.to(dtype)
+    keys = pool.k_cache[pool.block_tables[0]].reshape(-1, 2, 32)[:total]
+    values = pool.v_cache[pool.block_tables[0]].reshape(-1, 2, 32)[:total]
+    q = torch.randn(total, 4, 32).to(dtype)
+
+    def chunk(start: int, end: int) -> torch.Tensor:
+        return paged_prefill_attention_reference(
+            q[start:end], keys[start:end], values[start:end], pool.k_cache, pool.v_cache,
+            pool.block_tables, torch.tensor([0, end - start], dtype=torch.int32),
+            torch.tensor([start], dtype=torch.int32), 32**-0.5, sliding_window=window,
+        )  # fmt: skip
+
+    whole = chunk(0, total)
+    bounds = [0, 1, 77, 78, 300, 451, 700]
+    pieces = torch.cat([chunk(a, b) for a, b in itertools.pairwise(bounds)])
+    assert torch.equal(whole, pieces)
