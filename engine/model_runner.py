@@ -27,6 +27,10 @@ from prefixcache.kernels import (
     store_kv,
 )
 from prefixcache.kernels.cpu.decoder_layer import FUSED_DTYPES, PagedStep
+from prefixcache.kernels.cpu.windowed_attention import (
+    windowed_attention_cpu,
+    windowed_attention_supports,
+)
 from prefixcache.kernels.quantization import read_stored
 
 if TYPE_CHECKING:
@@ -132,6 +136,10 @@ class PagedAttention:
         k_cache, v_cache = self.kv.k[layer_idx], self.kv.v[layer_idx]
         k_scale, v_scale = self.kv.k_scale[layer_idx], self.kv.v_scale[layer_idx]
         store_kv(k, v, k_cache, v_cache, meta.slot_mapping, k_scale, v_scale)
+        if (window is not None and self.softcap is None and k_scale is None
+                and get_kernel_backend() == "auto" and windowed_attention_supports(q, k_cache)):
+            # every row over its own window, read from the pool it was just stored in
+            return self._windowed(q, k_cache, v_cache, meta, window, query_rows is not None)
         if k_scale is not None:
             # a quantized pool: the new tokens attend to their own keys and values as stored,
             # as every later step (and a request that finds them cached) will, so whether a
@@ -178,6 +186,32 @@ class PagedAttention:
             k_scale, v_scale, window, self.softcap,
         )
         return torch.cat([decode, prefill])
+
+    def _windowed(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                  meta: AttentionMetadata, window: int, sampled: bool) -> torch.Tensor:
+        """The compiled sliding-window attention of the step's rows (``sampled``: of the
+        sampled rows only, ``q`` holding theirs): decode rows over the decode tables, prefill
+        rows over the prefill tables."""
+        if sampled:
+            seqs = torch.arange(q.shape[0], dtype=torch.int32)
+            positions = meta.sample_seq_lens.to(torch.int64) - 1
+            return windowed_attention_cpu(q, k_cache, v_cache, meta.sample_block_tables, seqs,
+                                          positions, window, self.scale)  # fmt: skip
+        split = meta.num_decode_tokens
+        parts = []
+        if split:
+            seqs = torch.arange(split, dtype=torch.int32)
+            parts.append(windowed_attention_cpu(
+                q[:split], k_cache, v_cache, meta.decode_block_tables, seqs,
+                meta.positions[:split], window, self.scale))  # fmt: skip
+        if split < q.shape[0]:
+            counts = meta.prefill_query_start_loc.diff()
+            seqs = torch.repeat_interleave(torch.arange(counts.numel(), dtype=torch.int32),
+                                           counts.long())  # fmt: skip
+            parts.append(windowed_attention_cpu(
+                q[split:], k_cache, v_cache, meta.prefill_block_tables, seqs,
+                meta.positions[split:], window, self.scale))  # fmt: skip
+        return parts[0] if len(parts) == 1 else torch.cat(parts)
 
     def _window(self, layer_idx: int) -> int | None:
         windows = self.layer_windows

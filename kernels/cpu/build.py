@@ -63,7 +63,7 @@ F32_SOURCES = tuple(
     _HERE / name
     for name in (
         "paged_attention_f32.c", "linear_f32.c", "model_ops_f32.c", "decoder_layer_f32.c",
-        "fma_peak_f32.c",
+        "fma_peak_f32.c", "windowed_attention.c",
     )
 )  # fmt: skip
 F32_HEADERS = tuple(
@@ -281,6 +281,14 @@ def _declare_f32(lib: ctypes.CDLL) -> None:
         ptr, i64, i64,  # out, token stride, head stride
         i32, i32, i32, i32,  # num_heads, num_kv_heads, head_dim, block_size
         ctypes.c_float, i32,  # scale, num_threads
+    ]  # fmt: skip
+    lib.wa_windowed_attention.restype = None
+    lib.wa_windowed_attention.argtypes = [
+        ptr, i32, i64, i64,  # q, q is bf16, token and head strides
+        ptr, ptr, i32,  # k_cache, v_cache, pools are bf16
+        ptr, i64, ptr, ptr, i64,  # block_tables, row stride, seq_of int32, pos_of int64, tokens
+        i32, i32, i32, i32, i32,  # num_heads, num_kv_heads, head_dim, block_size, window
+        ctypes.c_float, ptr, i32, i32,  # scale, out, out is bf16, num_threads
     ]  # fmt: skip
     lib.pc_f32_fma_gflops.restype = ctypes.c_double
     lib.pc_f32_fma_gflops.argtypes = [i32, i64]  # threads, rounds

@@ -10,6 +10,10 @@ import pytest
 import torch
 from paged_kernel_inputs import make_pool, varlen_queries
 
+from prefixcache.kernels.cpu.windowed_attention import (
+    windowed_attention_cpu,
+    windowed_attention_supports,
+)
 from prefixcache.kernels.reference.paged_attention import (
     paged_decode_attention_reference,
     paged_prefill_attention_reference,
@@ -100,3 +104,40 @@ def test_a_token_is_the_same_in_any_chunk(dtype: torch.dtype) -> None:
     bounds = [0, 1, 77, 78, 300, 451, 700]
     pieces = torch.cat([chunk(a, b) for a, b in itertools.pairwise(bounds)])
     assert torch.equal(whole, pieces)
+
+
+needs_kernel = pytest.mark.skipif(
+    not windowed_attention_supports(torch.zeros(1, 4, 32), torch.zeros(1, 4, 2, 32)),
+    reason="the compiled float32 kernels do not run on this CPU",
+)
+
+
+@needs_kernel
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_compiled_kernel_sees_the_window_only(dtype: torch.dtype) -> None:
+    """Each token over exactly its last ``window`` keys (the pool's blocks before them hold
+    NaN), equal to a dense computation; any split of the tokens gives the same bits."""
+    window, total, block_size = 40, 150, 8
+    pool = make_pool([total], 2, 32, block_size)
+    k_cache, v_cache = pool.k_cache.to(dtype), pool.v_cache.to(dtype)
+    keys = k_cache[pool.block_tables[0].long()].reshape(-1, 2, 32)[:total]
+    values = v_cache[pool.block_tables[0].long()].reshape(-1, 2, 32)[:total]
+    q = torch.randn(total, 6, 32).to(dtype)
+    positions = torch.arange(total)
+
+    def run(rows: slice) -> torch.Tensor:
+        count = positions[rows].numel()
+        return windowed_attention_cpu(q[rows], k_cache, v_cache, pool.block_tables,
+                                      torch.zeros(count, dtype=torch.int32), positions[rows],
+                                      window, 32**-0.5)  # fmt: skip
+
+    whole = run(slice(0, total))
+    expected = dense(q.float(), keys.float(), values.float(), 0, window, 32**-0.5)
+    tolerance = 1e-5 if dtype is torch.float32 else 1e-2
+    torch.testing.assert_close(whole.float(), expected, atol=tolerance, rtol=tolerance)
+    pieces = [run(slice(a, b)) for a, b in itertools.pairwise([0, 1, 41, 42, 99, 150])]
+    assert torch.equal(torch.cat(pieces), whole)
+    last = total - 1  # keys before its window poisoned: still the same bits
+    poison_outside(pool, 0, last - window + 1, block_size)
+    k_cache, v_cache = pool.k_cache.to(dtype), pool.v_cache.to(dtype)
+    assert torch.equal(run(slice(last, total)), whole[last:])
