@@ -16,9 +16,10 @@ shared prefix, for Gemma-3-shaped models.
    time, and how many answers are the same tokens in both (the batches differ, so a near
    tie may round either way).
 4. Decode attention of one layer at 4K and 32K tokens of context (bf16, 8 sequences, block
-   16; best of ``--rounds``, the two alternated): a sliding layer (the torch reference) reads
-   only its window's blocks, a global layer (the compiled kernel where the CPU has one) the
-   whole context.
+   16; best of ``--rounds``, alternated): a sliding layer through the compiled windowed kernel
+   and through the float64 torch reference (both read only the window's blocks), a global
+   layer (the compiled paged kernel) the whole context; and one sliding layer's cold prefill
+   of 1,637 tokens, compiled vs reference.
 5. TTFT on a tiny Gemma-3-shaped model (random weights, 6 layers, window 512): an 8K-token
    prompt cold, then the same 8K prefix with 64 new tokens (a prefix hit).
 6. The price of windows today (their attention runs the torch reference in float64, not the
@@ -47,6 +48,11 @@ from bench_report import write_json
 from prefixcache.engine import LLM, SamplingParams
 from prefixcache.kernels import paged_decode_attention
 from prefixcache.kernels.cpu.kernel_choice import cpu_model
+from prefixcache.kernels.cpu.windowed_attention import (
+    windowed_attention_cpu,
+    windowed_attention_supports,
+)
+from prefixcache.kernels.reference.paged_attention import paged_prefill_attention_reference
 from prefixcache.sizing import MODEL_PRESETS
 
 GEMMA3_1B = {"layers": 26, "pattern": 6, "window": 512, "kv_heads": 1, "head_dim": 256}
@@ -115,29 +121,68 @@ def run_together(folder: Path, requests: int, prompt: int, output: int) -> dict[
 
 
 def decode_times(contexts: list[int], rounds: int) -> list[dict[str, Any]]:
+    """One layer's decode: a sliding layer through the compiled windowed kernel and through the
+    float64 torch reference, a global layer through the compiled paged kernel."""
     torch.manual_seed(0)
+    return [{"context": context, **decode_row(context, rounds)} for context in contexts]
+
+
+def decode_row(context: int, rounds: int) -> dict[str, float]:
     seqs, heads, kv_heads, dim, block = 8, 4, 1, 256, 16
-    rows = []
-    for context in contexts:
-        blocks = seqs * (context // block + 1)
-        k_cache = torch.randn(blocks, block, kv_heads, dim, dtype=torch.bfloat16)
-        v_cache = torch.randn_like(k_cache)
-        tables = torch.arange(blocks, dtype=torch.int32).reshape(seqs, -1)
-        lengths = torch.full((seqs,), context, dtype=torch.int32)
-        q = torch.randn(seqs, heads, dim, dtype=torch.bfloat16)
-        arguments = (q, k_cache, v_cache, tables, lengths, 256**-0.5)
-        windows = {"sliding": GEMMA3_1B["window"], "global": None}
-        times: dict[str, list[float]] = {name: [] for name in windows}
-        for warm_up in (True, False):  # one untimed pass of each first, then A B A B
-            for _ in range(1 if warm_up else rounds):
-                for name, window in windows.items():
-                    started = time.perf_counter()
-                    paged_decode_attention(*arguments, sliding_window=window)
-                    if not warm_up:
-                        times[name].append(time.perf_counter() - started)
-        rows.append({"context": context, **{f"{name}_ms": round(min(t) * 1e3, 3)
-                                            for name, t in times.items()}})  # fmt: skip
-    return rows
+    window = GEMMA3_1B["window"]
+    blocks = seqs * (context // block + 1)
+    k_cache = torch.randn(blocks, block, kv_heads, dim, dtype=torch.bfloat16)
+    v_cache = torch.randn_like(k_cache)
+    tables = torch.arange(blocks, dtype=torch.int32).reshape(seqs, -1)
+    lengths = torch.full((seqs,), context, dtype=torch.int32)
+    q = torch.randn(seqs, heads, dim, dtype=torch.bfloat16)
+    arguments = (q, k_cache, v_cache, tables, lengths, 256**-0.5)
+    runs = {
+        "global": lambda: paged_decode_attention(*arguments),
+        "sliding_reference": lambda: paged_decode_attention(*arguments, sliding_window=window),
+    }
+    if windowed_attention_supports(q, k_cache):
+        seq_of = torch.arange(seqs, dtype=torch.int32)
+        positions = lengths.to(torch.int64) - 1
+        runs["sliding_compiled"] = lambda: windowed_attention_cpu(
+            q, k_cache, v_cache, tables, seq_of, positions, window, 256**-0.5)
+    return alternated(runs, rounds)
+
+
+def prefill_times(tokens: int, rounds: int) -> dict[str, Any]:
+    """One sliding layer's cold prefill of ``tokens`` (Gemma 3 1B's heads, bf16): the compiled
+    windowed kernel against the float64 torch reference."""
+    torch.manual_seed(0)
+    heads, kv_heads, dim, block, window = 4, 1, 256, 16, GEMMA3_1B["window"]
+    blocks = -(-tokens // block)
+    k_cache = torch.randn(blocks, block, kv_heads, dim, dtype=torch.bfloat16)
+    v_cache = torch.randn_like(k_cache)
+    tables = torch.arange(blocks, dtype=torch.int32)[None]
+    q = torch.randn(tokens, heads, dim, dtype=torch.bfloat16)
+    keys = k_cache.reshape(-1, kv_heads, dim)[:tokens]
+    values = v_cache.reshape(-1, kv_heads, dim)[:tokens]
+    starts = torch.tensor([0, tokens], dtype=torch.int32)
+    runs = {"sliding_reference": lambda: paged_prefill_attention_reference(
+        q, keys, values, k_cache, v_cache, tables, starts, torch.zeros(1, dtype=torch.int32),
+        256**-0.5, sliding_window=window)}  # fmt: skip
+    if windowed_attention_supports(q, k_cache):
+        runs["sliding_compiled"] = lambda: windowed_attention_cpu(
+            q, k_cache, v_cache, tables, torch.zeros(tokens, dtype=torch.int32),
+            torch.arange(tokens), window, 256**-0.5)
+    return {"tokens": tokens, **alternated(runs, rounds)}
+
+
+def alternated(runs: dict[str, Any], rounds: int) -> dict[str, float]:
+    """Best milliseconds of each callable: one untimed pass of each, then A B A B."""
+    times: dict[str, list[float]] = {name: [] for name in runs}
+    for warm_up in (True, False):
+        for _ in range(1 if warm_up else rounds):
+            for name, run in runs.items():
+                started = time.perf_counter()
+                run()
+                if not warm_up:
+                    times[name].append(time.perf_counter() - started)
+    return {f"{name}_ms": round(min(t) * 1e3, 3) for name, t in times.items()}
 
 
 def ttft(prefix: int, suffix: int, rounds: int) -> dict[str, Any]:
@@ -243,6 +288,8 @@ def main() -> None:
     report["decode_attention"] = decode_times([4096, 32768], args.rounds)
     for row in report["decode_attention"]:
         print("decode attention:", row)
+    report["prefill_attention"] = prefill_times(1637, max(1, args.rounds // 3))
+    print("prefill attention:", report["prefill_attention"])
     report["ttft"] = ttft(args.prefix, 64, max(1, args.rounds // 2))
     print("ttft:", report["ttft"])
     if not args.skip_smollm2:

@@ -215,7 +215,8 @@ def test_sliding_window_small(tmp_path):
     together = result["run_together"]
     assert together["every_layer"]["pool_bytes"] == together["hybrid"]["pool_bytes"]
     assert together["same_answers"] == "4/4"
-    assert {"sliding_ms", "global_ms"} <= set(result["decode_attention"][0])
+    assert {"sliding_reference_ms", "global_ms"} <= set(result["decode_attention"][0])
+    assert result["prefill_attention"]["sliding_reference_ms"] > 0
     assert result["ttft"]["prefix"] == 256 and result["ttft"]["warm_s"] > 0
 
 
