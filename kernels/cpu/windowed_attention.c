@@ -4,8 +4,8 @@
  * the pool through its sequence's block table (the step's new keys are stored there first).
  *
  * Every (query token, kv head) is one work item and computes its rows alone, in an order fixed
- * by the token's own key range: scores key by key (a dot product over head_dim in 8 lanes,
- * summed in a fixed tree), the row's max, probabilities 8 keys at a time from the range's
+ * by the token's own key range: scores 8 keys at a time from the range's first key (a dot
+ * product over head_dim in 8 lanes each, summed in a fixed tree), the last few one by one, the row's max, probabilities 8 keys at a time from the range's
  * first key, their sum in 8 lanes then a fixed tree, and the values' weighted sum key by key.
  * So a token's output does not depend on the other tokens of the call, on how its prompt was
  * chunked or cached, or on whether it came as a prefill row or a decode step.
@@ -39,6 +39,14 @@ static inline float hsum8(__m256 x) { /* ((0+4) + (2+6)) + ((1+5) + (3+7)), alwa
     return _mm_cvtss_f32(_mm_add_ss(t, _mm_shuffle_ps(t, t, 1)));
 }
 
+/* The lane sums of a[0..7], in that order: one fixed tree per lane, as hsum8 is one. */
+static inline __m256 hsum8x8(const __m256 a[8]) {
+    const __m256 t0 = _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3]));
+    const __m256 t1 = _mm256_hadd_ps(_mm256_hadd_ps(a[4], a[5]), _mm256_hadd_ps(a[6], a[7]));
+    return _mm256_add_ps(_mm256_permute2f128_ps(t0, t1, 0x20),
+                         _mm256_permute2f128_ps(t0, t1, 0x31));
+}
+
 static inline bf16 to_bf16(float x) { /* round to nearest even (x is finite) */
     uint32_t bits;
     memcpy(&bits, &x, 4);
@@ -64,6 +72,7 @@ void wa_windowed_attention(const void *q, int q_bf16, int64_t q_tok, int64_t q_h
         float *scores = malloc(sizeof(float) * (size_t)G * ((size_t)window + 8));
         __m256 qv[MAX_GROUP][MAX_D / 8];
         __m256 ov[MAX_GROUP][MAX_D / 8];
+        float kwide[8][MAX_D]; /* 8 bf16 keys widened once for all the group's heads */
 #pragma omp for schedule(dynamic, 4)
         for (int64_t item = 0; item < items; item++) {
             const int64_t t = item / num_kv_heads;
@@ -76,7 +85,32 @@ void wa_windowed_attention(const void *q, int q_bf16, int64_t q_tok, int64_t q_h
                 for (int d = 0; d < D / 8; d++)
                     qv[g][d] = load8(q, t * q_tok + (int64_t)(h * G + g) * q_head + 8 * d,
                                      q_bf16);
-            for (int j = 0; j < n; j++) { /* scores, key by key */
+            int j = 0;
+            for (; j + 8 <= n; j += 8) { /* scores, 8 keys at a time from key lo */
+                const float *krow[8]; /* the 8 keys in float32: the pool's rows, or widened */
+                for (int i = 0; i < 8; i++) {
+                    const int64_t at =
+                        (key_row(table, lo + j + i, block_size) * num_kv_heads + h) * D;
+                    if (!kv_bf16) {
+                        krow[i] = (const float *)k_cache + at;
+                        continue;
+                    }
+                    for (int d = 0; d < D / 8; d++)
+                        _mm256_storeu_ps(kwide[i] + 8 * d, load8(k_cache, at + 8 * d, 1));
+                    krow[i] = kwide[i];
+                }
+                for (int g = 0; g < G; g++) {
+                    __m256 acc[8];
+                    for (int i = 0; i < 8; i++) acc[i] = _mm256_setzero_ps();
+                    for (int d = 0; d < D / 8; d++)
+                        for (int i = 0; i < 8; i++)
+                            acc[i] = _mm256_fmadd_ps(qv[g][d], _mm256_loadu_ps(krow[i] + 8 * d),
+                                                     acc[i]);
+                    _mm256_storeu_ps(scores + g * (window + 8) + j,
+                                     _mm256_mul_ps(hsum8x8(acc), _mm256_set1_ps(scale)));
+                }
+            }
+            for (; j < n; j++) { /* the last keys, one by one */
                 const int64_t row = key_row(table, lo + j, block_size) * num_kv_heads + h;
                 for (int g = 0; g < G; g++) {
                     __m256 acc = _mm256_setzero_ps();
