@@ -38,24 +38,36 @@ def sliding_window_of(config: ModelConfig) -> int | None:
     return max(windows) if windows else None
 
 
-def use_hybrid(option: object, window: int | None, tiered: bool,
-               sliding_slots: int | None) -> bool:  # fmt: skip
-    """Whether the engine keeps a hybrid cache: ``option`` True / False, or None for "when
-    the model has sliding layers and no KV tier is asked for" (the tiers store whole blocks
-    of every layer, which a slot pool does not keep). ValueError for a combination that
-    cannot be honoured."""
+def check_hybrid_options(option: object, sliding_slots: int | None, tiered: bool) -> None:
+    """TypeError / ValueError for hybrid-cache options no model could honour (checked before
+    the model loads): ``option`` not True / False / None, a hybrid cache asked for with KV
+    tiers (they store every layer of a block, which a slot pool does not keep), or slots
+    sized for a cache that will not be kept."""
     if option is not None and not isinstance(option, bool):
         raise TypeError(f"hybrid_kv_cache must be True, False or None, got {option!r}")
-    if option and window is None:
-        raise ValueError("hybrid_kv_cache needs a model with sliding-window layers")
     if option and tiered:
         raise ValueError("hybrid_kv_cache cannot be used with KV tiers (host memory, disk or "
                          "a shared store), which keep every layer of a block")  # fmt: skip
+    if sliding_slots is not None and (option is False or tiered):
+        raise ValueError(SLOTS_WITHOUT_HYBRID)
+
+
+SLOTS_WITHOUT_HYBRID = ("kv_sliding_slots sizes a hybrid KV cache, which this engine does not "
+                        "keep (a model without sliding layers, KV tiers, or "
+                        "hybrid_kv_cache=False)")  # fmt: skip
+
+
+def use_hybrid(option: object, window: int | None, tiered: bool,
+               sliding_slots: int | None) -> bool:  # fmt: skip
+    """Whether the engine keeps a hybrid cache: ``option`` True / False, or None for "when
+    the model (widest ``window``) has sliding layers and no KV tier is asked for".
+    ValueError for a combination that cannot be honoured (``check_hybrid_options`` too)."""
+    check_hybrid_options(option, sliding_slots, tiered)
+    if option and window is None:
+        raise ValueError("hybrid_kv_cache needs a model with sliding-window layers")
     hybrid = option if option is not None else window is not None and not tiered
     if sliding_slots is not None and not hybrid:
-        raise ValueError("kv_sliding_slots sizes a hybrid KV cache, which this engine does not "
-                         "keep (a model without sliding layers, KV tiers, or "
-                         "hybrid_kv_cache=False)")  # fmt: skip
+        raise ValueError(SLOTS_WITHOUT_HYBRID)
     return hybrid
 
 

@@ -24,7 +24,7 @@ from prefixcache.engine.engine_options import (
     resolve_dtype,
 )
 from prefixcache.engine.host_kv_tier import HostKVTier
-from prefixcache.engine.hybrid_kv_sizing import size_kv_pool, use_hybrid
+from prefixcache.engine.hybrid_kv_sizing import check_hybrid_options, size_kv_pool
 from prefixcache.engine.kv_cache import PagedKVCache, kv_bytes_per_block
 from prefixcache.engine.kv_event_publisher import KVEventPublisher, check_kv_events
 from prefixcache.engine.kv_tier_codec import tier_codec, tier_storage_dtype
@@ -121,7 +121,7 @@ class LLM:
         check_kv_pool_size(num_blocks, kv_cache_memory)
         check_optional_int_option("kv_sliding_slots", kv_sliding_slots)
         tiered = host_memory is not None or kv_disk_dir is not None or kv_remote is not None
-        use_hybrid(hybrid_kv_cache, 1, tiered, kv_sliding_slots)  # all but the model's part
+        check_hybrid_options(hybrid_kv_cache, kv_sliding_slots, tiered)
         check_optional_int_option("max_model_len", max_model_len, MIN_MODEL_LEN)
         check_optional_int_option("num_threads", num_threads)
         check_bool_option("enable_prefix_caching", enable_prefix_caching)

@@ -6,7 +6,7 @@ scheduled requests and the copy ops from the scheduler.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 import torch
@@ -87,6 +87,7 @@ class PagedAttention:
         self.layer_windows = tuple(layer_windows)
         self.softcap = softcap
         self._step: PagedStep | None = None
+        self._rows: tuple[torch.Tensor, ...] | None = None  # see _window_rows
 
     def paged_step(self, layer_idx: int) -> tuple[PagedStep, torch.Tensor, torch.Tensor] | None:
         """The step's inputs for the fused CPU decoder layer with layer ``layer_idx``'s K and V
@@ -192,26 +193,36 @@ class PagedAttention:
         """The compiled sliding-window attention of the step's rows (``sampled``: of the
         sampled rows only, ``q`` holding theirs): decode rows over the decode tables, prefill
         rows over the prefill tables."""
+        decode_seqs, prefill_seqs, sample_seqs, sample_positions = self._window_rows()
         if sampled:
-            seqs = torch.arange(q.shape[0], dtype=torch.int32)
-            positions = meta.sample_seq_lens.to(torch.int64) - 1
-            return windowed_attention_cpu(q, k_cache, v_cache, meta.sample_block_tables, seqs,
-                                          positions, window, self.scale)  # fmt: skip
+            return windowed_attention_cpu(q, k_cache, v_cache, meta.sample_block_tables,
+                                          sample_seqs, sample_positions, window, self.scale)
         split = meta.num_decode_tokens
         parts = []
         if split:
-            seqs = torch.arange(split, dtype=torch.int32)
             parts.append(windowed_attention_cpu(
-                q[:split], k_cache, v_cache, meta.decode_block_tables, seqs,
+                q[:split], k_cache, v_cache, meta.decode_block_tables, decode_seqs,
                 meta.positions[:split], window, self.scale))  # fmt: skip
         if split < q.shape[0]:
-            counts = meta.prefill_query_start_loc.diff()
-            seqs = torch.repeat_interleave(torch.arange(counts.numel(), dtype=torch.int32),
-                                           counts.long())  # fmt: skip
             parts.append(windowed_attention_cpu(
-                q[split:], k_cache, v_cache, meta.prefill_block_tables, seqs,
+                q[split:], k_cache, v_cache, meta.prefill_block_tables, prefill_seqs,
                 meta.positions[split:], window, self.scale))  # fmt: skip
         return parts[0] if len(parts) == 1 else torch.cat(parts)
+
+    def _window_rows(self) -> tuple[torch.Tensor, ...]:
+        """Each row's sequence (its block-table row) for the decode rows, the prefill rows and
+        the sampled rows, and the sampled rows' positions: once a step, for every layer (the
+        logical and the slot metadata share them)."""
+        if self._rows is None:
+            meta = self.meta
+            counts = meta.prefill_query_start_loc.diff().long()
+            self._rows = (
+                torch.arange(meta.num_decode_tokens, dtype=torch.int32),
+                torch.repeat_interleave(torch.arange(counts.numel(), dtype=torch.int32), counts),
+                torch.arange(meta.sample_rows.numel(), dtype=torch.int32),
+                meta.sample_seq_lens.to(torch.int64) - 1,
+            )
+        return self._rows
 
     def _window(self, layer_idx: int) -> int | None:
         windows = self.layer_windows
@@ -287,19 +298,16 @@ class ModelRunner:
         """The step's block copies, in waves (``copy_waves``), in every layer's pools; a
         hybrid cache's sliding layers copy the blocks' slots."""
         for wave in copy_waves(ops):
-            counts = [op.num_tokens for op in wave]
             if self.copy_blocks is not None:
-                pairs = torch.tensor([op[:2] for op in wave], dtype=torch.int64,
-                                     device=self.device)  # fmt: skip
-                self.copy_blocks(pairs, counts)  # pairs: [n, 2]
+                self._run_copies(self.copy_blocks, wave)
             if self.copy_slots is not None:
                 assert self.sliding is not None
-                kept = [(self.sliding.slot_pairs([op[:2]]), op.num_tokens) for op in wave]
-                kept = [(pair[0], n) for pair, n in kept if pair]
-                if kept:
-                    pairs = torch.tensor([p for p, _ in kept], dtype=torch.int64,
-                                         device=self.device)  # fmt: skip
-                    self.copy_slots(pairs, [n for _, n in kept])
+                self._run_copies(self.copy_slots, self.sliding.slot_copies(wave))
+
+    def _run_copies(self, copier: Callable[..., None], wave: list[CopyOp]) -> None:
+        if wave:
+            pairs = torch.tensor([op[:2] for op in wave], dtype=torch.int64, device=self.device)
+            copier(pairs, [op.num_tokens for op in wave])  # pairs: [n, 2]
 
     def _sampled_hidden(self, out: SchedulerOutput) -> torch.Tensor:  # [num_sampled, hidden]
         self._copy(out.copy_ops)

@@ -28,6 +28,8 @@ from collections.abc import Hashable, Sequence
 
 import numpy as np
 
+from prefixcache import CopyOp
+
 NO_SLOT = -1
 SCAN = 32  # takeable slots looked at for one whose keys no hit can use
 
@@ -195,14 +197,14 @@ class SlidingSlots:
         slots = self.slot_of[blocks]
         return np.where(slots >= 0, slots, 0)
 
-    def slot_pairs(self, pairs: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
-        """Copy (source, destination) logical pairs as slot pairs; a pair with a side
-        without a slot is left out (its keys are outside every window that reads them)."""
+    def slot_copies(self, ops: Sequence[CopyOp]) -> list[CopyOp]:
+        """Copies of logical blocks as copies of their slots; one with a side without a slot
+        is left out (its keys are outside every window that reads them)."""
         out = []
-        for src, dst in pairs:
-            s, d = int(self.slot_of[src]), int(self.slot_of[dst])
-            if s != NO_SLOT and d != NO_SLOT:
-                out.append((s, d))
+        for op in ops:
+            src, dst = int(self.slot_of[op.src]), int(self.slot_of[op.dst])
+            if src != NO_SLOT and dst != NO_SLOT:
+                out.append(CopyOp(src, dst, op.num_tokens))
         return out
 
     # ------------------------------------------------------------------ reporting
@@ -228,7 +230,7 @@ class SlidingSlots:
         counts = np.zeros(self.num_slots, dtype=np.int64)
         for blocks in self.held.values():
             assert len(set(blocks)) == len(blocks), blocks
-            for block in [*blocks]:
+            for block in blocks:
                 assert self.slot_of[block] >= 0, f"held block {block} has no slot"
                 counts[self.slot_of[block]] += 1
         for block in self.protected:
