@@ -8,6 +8,7 @@ Measured side by side in one run (CUDA only; exits with status 2 and a message w
 2. ``paged_prefill_attention`` against ``torch.nn.functional.scaled_dot_product_attention`` on
    the same shapes (contiguous K/V for SDPA; paged, block-scattered K/V for ours); with no
    context (causal) and with a cached context (SDPA then needs an explicit mask).
+3. Decode of a sliding-window layer (``--window``) beside a global one at growing contexts.
 Every shape is first checked against the torch reference. Times: ``triton.testing.do_bench``
 medians.
 
@@ -100,6 +101,32 @@ def bench_decode(bench: Any, args: argparse.Namespace, peak: float | None, copy_
     return rows
 
 
+def bench_sliding_decode(bench: Any, args: argparse.Namespace) -> list[dict[str, Any]]:
+    """Decode of 8 sequences at growing contexts, every key (a global layer) against the last
+    ``--window`` keys (a sliding layer): the sliding layer's time should not grow."""
+    from prefixcache.kernels import paged_decode_attention
+    from prefixcache.kernels.reference.paged_attention import paged_decode_attention_reference
+
+    rows = []
+    for seq_len in args.sliding_contexts:
+        pool = paged_pool(8, seq_len, args.kv_heads, args.head_dim, args.block_size, "auto")
+        q = torch.randn(8, args.heads, args.head_dim, device="cuda", dtype=torch.bfloat16)
+        lens = torch.full((8,), seq_len, dtype=torch.int32, device="cuda")
+        call_args = (q, pool["k_cache"], pool["v_cache"], pool["block_tables"], lens,
+                     args.head_dim**-0.5, None, None)
+        got = paged_decode_attention(*call_args, args.window)
+        expected = paged_decode_attention_reference(*call_args, args.window)
+        torch.testing.assert_close(got.float(), expected.float(), atol=3e-2, rtol=3e-2)
+        global_ms = bench(lambda a=call_args: paged_decode_attention(*a))
+        sliding_ms = bench(lambda a=call_args: paged_decode_attention(*a, args.window))
+        rows.append({"seq_len": seq_len, "window": args.window, "global_ms": global_ms,
+                     "sliding_ms": sliding_ms})
+        print(f"decode seqs=8 len={seq_len:6d} global {global_ms * 1e3:8.1f} us, window "
+              f"{args.window} {sliding_ms * 1e3:8.1f} us")
+        del pool
+    return rows
+
+
 def bench_prefill(bench: Any, args: argparse.Namespace) -> list[dict[str, Any]]:
     from prefixcache.kernels import paged_prefill_attention
     from prefixcache.kernels.reference.paged_attention import paged_prefill_attention_reference
@@ -148,6 +175,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--kv-heads", type=int, default=8)
     parser.add_argument("--head-dim", type=int, default=128)
     parser.add_argument("--block-size", type=int, default=16)
+    parser.add_argument("--window", type=int, default=1024, help="the sliding layer's window")
     parser.add_argument("--peak-gbps", type=float, default=None, help="override the table")
     parser.add_argument("--quick", action="store_true", help="few small shapes")
     parser.add_argument("--out", type=Path, default=Path("results/kernels_gpu.json"))
@@ -155,10 +183,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if args.quick:
         args.decode_shapes = [(8, 1024), (1, 8192)]
         args.prefill_shapes = [(2, 256, 0), (2, 128, 512)]
+        args.sliding_contexts = [4096, 16384]
     else:
         args.decode_shapes = [(1, 4096), (1, 131072), (8, 4096), (32, 2048), (64, 8192),
                               (128, 1024)]
         args.prefill_shapes = [(1, 4096, 0), (4, 1024, 0), (4, 512, 2048), (1, 1024, 16384)]
+        args.sliding_contexts = [4096, 32768]
     return args
 
 
@@ -181,6 +211,7 @@ def main(argv: list[str] | None = None) -> int:
         "datasheet_peak_gbps": peak, "copy_gbps": copy_peak,
         "decode": bench_decode(bench, args, peak, copy_peak),
         "prefill": bench_prefill(bench, args),
+        "sliding_decode": bench_sliding_decode(bench, args),
     }
     write_json(args.out, result)
     return 0

@@ -128,15 +128,17 @@ def paged_decode_attention(
     softcap: float | None = None,
 ) -> torch.Tensor:  # [num_seqs, num_heads, head_dim]
     """One query per sequence over its paged KV (its last ``sliding_window`` tokens; scores
-    soft-capped by ``softcap``: the torch reference does both, on every device, until the
-    kernels take them)."""
+    soft-capped by ``softcap``: Triton does both, elsewhere the torch reference)."""
+    if uses_triton(q):
+        return triton_kernels().paged_decode_attention_triton(
+            q, k_cache, v_cache, block_tables, seq_lens, scale, k_scale, v_scale,
+            sliding_window, softcap,
+        )  # fmt: skip
     if sliding_window is not None or softcap is not None:
         return paged_decode_attention_reference(q, k_cache, v_cache, block_tables, seq_lens,
                                                 scale, k_scale, v_scale, sliding_window,
                                                 softcap)  # fmt: skip
-    if uses_triton(q):
-        impl = triton_kernels().paged_decode_attention_triton
-    elif uses_cpu_kernel(q, k_cache, k_scale):
+    if uses_cpu_kernel(q, k_cache, k_scale):
         impl = cpu_kernels().paged_decode_attention_cpu
     elif uses_cpu_f32_kernel(q, k_cache, k_scale):
         impl = cpu_kernels().paged_decode_attention_f32
@@ -165,17 +167,22 @@ def paged_prefill_attention(
     ``implementation="sdpa"`` runs SDPA in the query dtype on CPU tensors (what the kernel
     choice picks where it is measured faster, see ``prefixcache.kernels.cpu.kernel_choice``);
     by default the dispatch rule of ``prefixcache.kernels.dispatch`` applies. A
-    ``sliding_window`` layer, or one with soft-capped scores, runs the torch reference."""
+    ``sliding_window`` layer, or one with soft-capped scores, runs Triton where Triton runs,
+    else the torch reference."""
+    sdpa = implementation == "sdpa" and not q.is_cuda
+    if uses_triton(q) and not sdpa:
+        return triton_kernels().paged_prefill_attention_triton(
+            q, k, v, k_cache, v_cache, block_tables, query_start_loc, context_lens, scale,
+            k_scale, v_scale, sliding_window, softcap,
+        )  # fmt: skip
     if sliding_window is not None or softcap is not None:
         return paged_prefill_attention_reference(
             q, k, v, k_cache, v_cache, block_tables, query_start_loc, context_lens, scale,
             k_scale, v_scale, widen=implementation != "sdpa", sliding_window=sliding_window,
             softcap=softcap,
         )  # fmt: skip
-    if implementation == "sdpa" and not q.is_cuda:
+    if sdpa:
         impl = paged_prefill_attention_sdpa
-    elif uses_triton(q):
-        impl = triton_kernels().paged_prefill_attention_triton
     elif uses_cpu_kernel(q, k_cache, k_scale):
         impl = cpu_kernels().paged_prefill_attention_cpu
     elif uses_cpu_f32_kernel(q, k_cache, k_scale):

@@ -7,6 +7,9 @@ All query heads of the KV head's group are processed together as the rows of one
 the program keeps an online-softmax running max, sum and unnormalised output. Pass 2 merges
 the splits.
 
+With a sliding window W the splits share only the sequence's last W tokens: the blocks before
+them are never read. With a soft-cap c the scores become ``c * tanh(scores / c)`` (Gemma 2).
+
 Page offsets are computed in int64 (``block_id * stride``), so pools beyond 2**31 elements and
 block ids near the top of a large pool are addressed correctly. fp8/int8 pools are
 dequantized in registers: ``stored * scale[kv_head, channel]``.
@@ -19,7 +22,7 @@ import triton
 import triton.language as tl
 
 from prefixcache.kernels.quantization import full_scale
-from prefixcache.kernels.triton.launch_config import dot_dtype, quant_mode
+from prefixcache.kernels.triton.launch_config import NO_WINDOW, dot_dtype, quant_mode, soft_cap
 
 MIN_TOKENS_PER_SPLIT = 256
 MAX_SPLITS = 64
@@ -38,6 +41,8 @@ def _decode_split_kernel(
     part_max_ptr,
     part_sum_ptr,  # [num_seqs, num_heads, num_splits] float32
     scale,
+    window,  # keys a query sees (its last ones): the sliding window, or 2**30
+    softcap,  # scores become softcap * tanh(scores / softcap); 0: unchanged
     stride_qs,
     stride_qh,
     stride_cb,
@@ -54,13 +59,15 @@ def _decode_split_kernel(
     BLOCK_N: tl.constexpr,
     QUANT: tl.constexpr,
     DOT: tl.constexpr,  # operand dtype of the tl.dot calls
+    SOFTCAP: tl.constexpr,  # whether softcap applies
 ):
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
     seq_len = tl.load(seq_lens_ptr + seq)
-    per_split = tl.cdiv(tl.cdiv(seq_len, num_splits), BLOCK_N) * BLOCK_N
-    start = split * per_split
+    lowest = tl.maximum(seq_len - window, 0)  # the first key the query sees
+    per_split = tl.cdiv(tl.cdiv(seq_len - lowest, num_splits), BLOCK_N) * BLOCK_N
+    start = lowest + split * per_split
     end = tl.minimum(start + per_split, seq_len)
 
     group_rows = tl.arange(0, BLOCK_H)
@@ -97,6 +104,8 @@ def _decode_split_kernel(
             k = k.to(tl.float32) * k_scale[None, :]
             v = v.to(tl.float32) * v_scale[None, :]
         scores = tl.dot(q, tl.trans(k.to(DOT))) * scale  # [BLOCK_H, BLOCK_N] float32
+        if SOFTCAP:
+            scores = soft_cap(scores, softcap)
         scores = tl.where(token_mask[None, :], scores, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(scores, axis=1))
         p = tl.exp(scores - m_new[:, None])
@@ -172,11 +181,14 @@ def paged_decode_attention_triton(
     scale: float,
     k_scale: torch.Tensor | None = None,  # [], [num_kv_heads] or [num_kv_heads, head_dim]
     v_scale: torch.Tensor | None = None,
+    sliding_window: int | None = None,
+    softcap: float | None = None,
     *,
     num_splits: int | None = None,  # default: choose_num_splits
     block_n: int | None = None,  # tokens per tile (any power of two >= 16); default 64 / 32
 ) -> torch.Tensor:  # [num_seqs, num_heads, head_dim]
-    """Same contract as ``paged_decode_attention_reference``."""
+    """Same contract as ``paged_decode_attention_reference`` (computed in float32: a result
+    near the reference's, not its bits)."""
     num_seqs, num_heads, head_dim = q.shape
     num_kv_heads = k_cache.shape[2]
     out = torch.empty_like(q)
@@ -186,7 +198,10 @@ def paged_decode_attention_triton(
     assert num_heads % num_kv_heads == 0
     group = num_heads // num_kv_heads
     if num_splits is None:
-        num_splits = choose_num_splits(num_seqs, num_kv_heads, int(seq_lens.max()), q.device)
+        longest = int(seq_lens.max())
+        if sliding_window is not None:
+            longest = min(longest, sliding_window)
+        num_splits = choose_num_splits(num_seqs, num_kv_heads, longest, q.device)
     block_tables = block_tables.contiguous()
     seq_lens = seq_lens.to(torch.int32)
     f32 = {"dtype": torch.float32, "device": q.device}
@@ -206,6 +221,8 @@ def paged_decode_attention_triton(
         part_max,
         part_sum,
         scale,
+        sliding_window or NO_WINDOW,
+        softcap or 0.0,
         q.stride(0),
         q.stride(1),
         k_cache.stride(0),
@@ -222,6 +239,7 @@ def paged_decode_attention_triton(
         BLOCK_N=block_n or (64 if head_dim <= 128 else 32),
         QUANT=quant_mode(k_cache.dtype),
         DOT=dot_dtype(q.dtype),
+        SOFTCAP=softcap is not None,
     )
     _decode_reduce_kernel[(num_seqs, num_heads)](
         part_out,

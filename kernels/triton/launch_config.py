@@ -1,13 +1,17 @@
-"""Compile-time choices shared by the Triton kernels: quantization mode and the dot dtype."""
+"""What the Triton kernels share: compile-time choices (quantization mode, the dot dtype) and
+the soft-cap of attention scores."""
 
 from __future__ import annotations
 
 import os
 
 import torch
+import triton
 import triton.language as tl
 
 from prefixcache.kernels.quantization import is_quantized
+
+NO_WINDOW = 1 << 30  # the window of a layer without one: more keys than any context
 
 _TL_DTYPES = {torch.float32: tl.float32, torch.float16: tl.float16, torch.bfloat16: tl.bfloat16}
 
@@ -27,3 +31,14 @@ def dot_dtype(query_dtype: torch.dtype) -> tl.dtype:
     if query_dtype == torch.bfloat16 and os.environ.get("TRITON_INTERPRET") == "1":
         return tl.float32
     return _TL_DTYPES[query_dtype]
+
+
+@triton.jit
+def soft_cap(scores, cap):
+    """``cap * tanh(scores / cap)``, tanh written with ``exp`` (Triton has no tanh of its own on
+    every backend): ``sign(x) (1 - t) / (1 + t)`` with ``t = exp(-2|x|)``, which never
+    overflows (absolute error a few float32 ulps of 1)."""
+    x = scores / cap
+    t = tl.exp(-2.0 * tl.abs(x))
+    magnitude = (1.0 - t) / (1.0 + t)
+    return cap * tl.where(x < 0, -magnitude, magnitude)

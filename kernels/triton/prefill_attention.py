@@ -3,7 +3,9 @@
 One program per (tile of ``BLOCK_M`` new tokens, sequence, query head). It first streams the
 sequence's cached context out of the pool (page looked up per token, int64 offsets, fp8/int8
 dequantized in registers), then the new tokens' own k/v from the ``k``/``v`` inputs with the
-causal mask ``key <= query``, keeping an online softmax throughout.
+causal mask ``key <= query``, keeping an online softmax throughout. With a sliding window W a
+tile starts at its first token's window (the blocks before it are never read) and masks each
+row's keys to its own last W; with a soft-cap c the scores become ``c * tanh(scores / c)``.
 """
 
 from __future__ import annotations
@@ -13,15 +15,17 @@ import triton
 import triton.language as tl
 
 from prefixcache.kernels.quantization import full_scale
-from prefixcache.kernels.triton.launch_config import dot_dtype, quant_mode
+from prefixcache.kernels.triton.launch_config import NO_WINDOW, dot_dtype, quant_mode, soft_cap
 
 
 @triton.jit
 def _online_softmax_step(scores, v, m_i, l_i, acc):
-    """Fold one tile of scores [M, N] and values [N, D] into the running (max, sum, acc)."""
+    """Fold one tile of scores [M, N] and values [N, D] into the running (max, sum, acc). A row
+    that has seen no key yet (every score -inf: outside its window) stays empty."""
     m_new = tl.maximum(m_i, tl.max(scores, axis=1))
-    p = tl.exp(scores - m_new[:, None])
-    alpha = tl.exp(m_i - m_new)
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    p = tl.exp(scores - m_safe[:, None])
+    alpha = tl.exp(m_i - m_safe)
     l_i = l_i * alpha + tl.sum(p, axis=1)
     acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
     return m_new, l_i, acc
@@ -41,6 +45,8 @@ def _prefill_kernel(
     v_scale_ptr,  # [kv_heads, head_dim] float32
     out_ptr,  # [num_tokens, num_heads, head_dim]
     scale,
+    window,  # keys a query sees (its last ones): the sliding window, or NO_WINDOW
+    softcap,  # scores become softcap * tanh(scores / softcap) when SOFTCAP
     stride_qt,
     stride_qh,
     stride_kt,
@@ -61,6 +67,7 @@ def _prefill_kernel(
     BLOCK_D: tl.constexpr,
     QUANT: tl.constexpr,
     DOT: tl.constexpr,  # operand dtype of the tl.dot calls
+    SOFTCAP: tl.constexpr,
 ):
     tile = tl.program_id(0)
     seq = tl.program_id(1)
@@ -84,12 +91,13 @@ def _prefill_kernel(
         l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
         acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
 
-        # 1) the cached context: every new token sees all of it
+        # 1) the cached context, from the tile's first token's window on (all without one)
         if QUANT != 0:
             k_scale = tl.load(k_scale_ptr + kv_head * HEAD_DIM + dims, mask=dim_mask, other=1.0)
             v_scale = tl.load(v_scale_ptr + kv_head * HEAD_DIM + dims, mask=dim_mask, other=1.0)
         table_row = block_tables_ptr + seq.to(tl.int64) * stride_bt
-        for start in range(0, context, BLOCK_N):
+        first_seen = tl.maximum(context + tile * BLOCK_M - window + 1, 0)
+        for start in range(tl.minimum(first_seen, context), context, BLOCK_N):
             cols = start + tl.arange(0, BLOCK_N)
             col_mask = cols < context
             block_ids = tl.load(table_row + cols // block_size, mask=col_mask, other=0)
@@ -105,12 +113,15 @@ def _prefill_kernel(
                 k = k.to(tl.float32) * k_scale[None, :]
                 v = v.to(tl.float32) * v_scale[None, :]
             scores = tl.dot(q, tl.trans(k.to(DOT))) * scale  # [BLOCK_M, BLOCK_N]
-            scores = tl.where(col_mask[None, :], scores, float("-inf"))
+            if SOFTCAP:
+                scores = soft_cap(scores, softcap)
+            visible = col_mask[None, :] & (cols[None, :] > context + rows[:, None] - window)
+            scores = tl.where(visible, scores, float("-inf"))
             m_i, l_i, acc = _online_softmax_step(scores, v.to(DOT), m_i, l_i, acc)
 
-        # 2) the new tokens themselves, causally
+        # 2) the new tokens themselves, causally (from the tile's first token's window on)
         last = tl.minimum((tile + 1) * BLOCK_M, num_new)
-        for start in range(0, last, BLOCK_N):
+        for start in range(tl.maximum(tile * BLOCK_M - window + 1, 0), last, BLOCK_N):
             cols = start + tl.arange(0, BLOCK_N)
             col_mask = cols < num_new
             kv_tokens = (begin + cols).to(tl.int64)
@@ -126,11 +137,14 @@ def _prefill_kernel(
                 other=0.0,
             )
             scores = tl.dot(q, tl.trans(k.to(DOT))) * scale
+            if SOFTCAP:
+                scores = soft_cap(scores, softcap)
             visible = col_mask[None, :] & (cols[None, :] <= rows[:, None])
+            visible = visible & (cols[None, :] > rows[:, None] - window)
             scores = tl.where(visible, scores, float("-inf"))
             m_i, l_i, acc = _online_softmax_step(scores, v.to(DOT), m_i, l_i, acc)
 
-        out = acc / l_i[:, None]
+        out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]  # padding rows may see no key
         tl.store(
             out_ptr + tokens[:, None] * stride_ot + head * stride_oh + dims[None, :],
             out.to(out_ptr.dtype.element_ty),
@@ -150,11 +164,14 @@ def paged_prefill_attention_triton(
     scale: float,
     k_scale: torch.Tensor | None = None,  # [], [num_kv_heads] or [num_kv_heads, head_dim]
     v_scale: torch.Tensor | None = None,
+    sliding_window: int | None = None,
+    softcap: float | None = None,
     *,
     block_m: int = 64,
     block_n: int = 64,
 ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
-    """Same contract as ``paged_prefill_attention_reference``."""
+    """Same contract as ``paged_prefill_attention_reference`` (computed in float32: a result
+    near the reference's, not its bits)."""
     num_tokens, num_heads, head_dim = q.shape
     num_seqs = context_lens.shape[0]
     num_kv_heads = k_cache.shape[2]
@@ -181,6 +198,8 @@ def paged_prefill_attention_triton(
         full_scale(v_scale, num_kv_heads, head_dim, q.device),
         out,
         scale,
+        sliding_window or NO_WINDOW,
+        softcap or 0.0,
         q.stride(0),
         q.stride(1),
         k.stride(0),
@@ -201,5 +220,6 @@ def paged_prefill_attention_triton(
         BLOCK_D=max(16, triton.next_power_of_2(head_dim)),
         QUANT=quant_mode(k_cache.dtype),
         DOT=dot_dtype(q.dtype),
+        SOFTCAP=softcap is not None,
     )
     return out
