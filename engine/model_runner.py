@@ -27,6 +27,7 @@ from prefixcache.kernels import (
     store_kv,
 )
 from prefixcache.kernels.cpu.decoder_layer import FUSED_DTYPES, PagedStep
+from prefixcache.kernels.cpu.window_step import WindowStep, window_step
 from prefixcache.kernels.cpu.windowed_attention import (
     windowed_attention_cpu,
     windowed_attention_supports,
@@ -92,11 +93,12 @@ class PagedAttention:
     def paged_step(self, layer_idx: int) -> tuple[PagedStep, torch.Tensor, torch.Tensor] | None:
         """The step's inputs for the fused CPU decoder layer with layer ``layer_idx``'s K and V
         pools, or None where that layer cannot run fused (a quantized or non-CPU pool, one
-        neither bf16 nor float32, the kernel backend not "auto")."""
+        neither bf16 nor float32, soft-capped scores, the kernel backend not "auto"). A
+        sliding layer's pools are its slot pools in a hybrid cache; the step then carries the
+        sliding layers' inputs too (``PagedStep.window``)."""
         k_cache = self.kv.k[layer_idx]
         if (
-            self._window(layer_idx) is not None  # the fused layer attends fully, uncapped
-            or self.softcap is not None
+            self.softcap is not None  # the fused layer's scores are uncapped
             or self.kv.k_scale[layer_idx] is not None
             or k_cache.dtype not in FUSED_DTYPES
             or not k_cache.is_cpu
@@ -118,8 +120,19 @@ class PagedAttention:
                 sample_rows=meta.sample_rows,
                 sample_block_tables=rows(meta.sample_block_tables),
                 sample_seq_lens=rows(meta.sample_seq_lens),
+                window=self._window_step(),
             )
         return self._step, k_cache, self.kv.v[layer_idx]
+
+    def _window_step(self) -> WindowStep | None:
+        """The sliding layers' inputs for the fused layers (in slots for a hybrid cache), or
+        None when no layer slides."""
+        if all(window is None for window in self.layer_windows):
+            return None
+        meta = self.sliding_meta if self.sliding_meta is not None else self.meta
+        return window_step(meta.slot_mapping, meta.positions, meta.decode_block_tables,
+                           meta.prefill_block_tables, meta.prefill_query_start_loc,
+                           meta.sample_block_tables, meta.sample_seq_lens)  # fmt: skip
 
     def __call__(
         self,

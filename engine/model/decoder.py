@@ -19,6 +19,7 @@ from prefixcache.kernels.cpu.kernel_choice import (
     choose_kernels,
 )
 from prefixcache.kernels.cpu.kernel_timing import attention_candidates
+from prefixcache.kernels.cpu.windowed_attention import windowed_shape_supported
 from prefixcache.kernels.dispatch import cpu_kernels
 
 from ..model_config import ModelConfig, RopeScaling
@@ -224,9 +225,11 @@ class CausalLM(nn.Module):
             # compiled call: the same kernels and results as op by op
             final = self.norm.weight
             fold = final.dtype is hidden.dtype and final.is_cpu and final.is_contiguous()
+            weights, step, k_caches, v_caches, windows = fused
             hidden, residual = cpu_kernels().decoder_layers_cpu(
-                hidden, None, cos_sin, *fused, sampled_rows_only=output_rows is not None,
-                final_norm=(final, self.norm.eps) if fold else None,
+                hidden, None, cos_sin, weights, step, k_caches, v_caches,
+                sampled_rows_only=output_rows is not None,
+                final_norm=(final, self.norm.eps) if fold else None, windows=windows,
             )
             return hidden if fold else self.norm.add_and_norm_(hidden, residual)
         last = len(self.layers) - 1
@@ -247,23 +250,33 @@ class CausalLM(nn.Module):
         if self._fused_plan is None or self._fused_plan[0] != generation:
             watch(self)
             plan = [(layer.attn.layer_idx, layer.fused_weights()) for layer in self.layers]
-            usable = bool(plan) and all(weights is not None for _, weights in plan)
+            windows = self.config.layer_windows
+            usable = bool(plan) and self.local_rotary is None and all(
+                weights is not None and (
+                    index >= len(windows) or windows[index] is None
+                    or windowed_shape_supported(weights.heads, weights.kv_heads,
+                                                weights.head_dim)
+                ) for index, weights in plan
+            )  # fmt: skip
             self._fused_plan = (generation, plan if usable else None)  # type: ignore[assignment]
         return self._fused_plan[1]
 
     def _fused_run(self, attention: AttentionFn, hidden: Tensor
-                   ) -> tuple[list[LayerWeights], PagedStep, list[Tensor], list[Tensor]] | None:
-        """`decoder_layers_cpu`'s weights, step and pools for every layer, or None unless
-        every one of them can run fused: bf16 or float32 on CPU, compiled GEMM weights, and an
-        attention that offers `paged_step` (the paged runner over bf16 or float32 pools)."""
+                   ) -> tuple[list[LayerWeights], PagedStep, list[Tensor], list[Tensor],
+                              list[int | None]] | None:
+        """`decoder_layers_cpu`'s weights, step, pools and windows for every layer, or None
+        unless every one of them can run fused: bf16 or float32 on CPU, compiled GEMM weights,
+        a sliding layer's heads taken by the windowed kernel, and an attention that offers
+        `paged_step` (the paged runner over bf16 or float32 pools)."""
         paged_step = getattr(attention, "paged_step", None)
         if paged_step is None or hidden.dtype not in FUSED_DTYPES or not hidden.is_cpu:
             return None
         plan = self._fused_layers()
         if plan is None:
             return None
-        weights, k_caches, v_caches = [], [], []
+        weights, k_caches, v_caches, windows = [], [], [], []
         step = None
+        layer_windows = self.config.layer_windows
         for layer_idx, layer_weights in plan:
             found = paged_step(layer_idx)
             if found is None:
@@ -272,8 +285,9 @@ class CausalLM(nn.Module):
             weights.append(layer_weights)
             k_caches.append(k_cache)
             v_caches.append(v_cache)
+            windows.append(layer_windows[layer_idx] if layer_idx < len(layer_windows) else None)
         assert step is not None
-        return weights, step, k_caches, v_caches
+        return weights, step, k_caches, v_caches, windows
 
     @torch.inference_mode()
     def compute_logits(self, hidden: Tensor) -> Tensor:

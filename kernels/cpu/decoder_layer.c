@@ -5,7 +5,8 @@
  *
  *   normed   = rms_norm(residual += delta)          (first layer: residual is delta itself)
  *   qkv      = normed Wqkv^T (+ bias); RoPE on q, k; k, v written to their pool slots
- *   attended = paged attention: decode rows [0, num_decode), then prefill rows
+ *   attended = paged attention: decode rows [0, num_decode), then prefill rows (a sliding
+ *              layer: every row over its last `window` keys, windowed_attention.c)
  *   normed   = rms_norm(residual += attended Wo^T)
  *   out      = (silu(normed Wgate^T) * normed Wup^T) Wdown^T   (SiLU-and-mul in the GEMM)
  *
@@ -117,7 +118,11 @@ static int selected_rows(const layer_args *a, const bf16 *qkv, bf16 *attended, b
     for (int64_t i = 0; i < R; i++)
         memcpy(queries + i * attn_w, qkv + a->out_rows[i] * qkv_w, (size_t)attn_w * 2);
     double clock = pc_phase_start();
-    const int err = pa_paged_attention(
+    const window_args *w = a->window > 0 ? a->win : NULL;
+    if (w)
+        attend_windowed(a, queries, attn_w, w->out_tables, w->out_tables_stride, w->out_seq_of,
+                        w->out_positions, R, attended);
+    const int err = w ? 0 : pa_paged_attention(
         queries, attn_w, D, queries, attn_w, D, queries, attn_w, D, a->k_cache, a->v_cache, 0,
         NULL, NULL, a->num_blocks, a->out_tables, a->out_tables_stride, a->out_max_blocks, NULL,
         a->out_lens, (int)R, R, attended, (int)a->heads, (int)a->kv_heads, (int)D,
@@ -149,6 +154,7 @@ static int decoder_layer(const layer_args *a, const layer_args *next, const int3
     const float eps = (float)a->eps;
 
     bf16 *residual = a->residual ? a->residual : a->delta;
+    const window_args *w = a->window > 0 ? a->win : NULL; /* a sliding layer's inputs */
     double clock = pc_phase_start();
     pc_rms_norm(a->delta, H, a->residual, H, a->input_norm, normed, H, T, H, eps, (int)nt);
     pc_phase_end(PC_PHASE_NORMS, &clock);
@@ -156,28 +162,31 @@ static int decoder_layer(const layer_args *a, const layer_args *next, const int3
     to_attention.k_pool = (const char *)a->k_cache;
     to_attention.v_pool = (const char *)a->v_cache;
     to_attention.blocks = blocks;
-    to_attention.num_blocks = blocks ? n : 0;
+    to_attention.num_blocks = blocks && !w ? n : 0; /* a sliding layer reads its window */
     to_attention.block_bytes = a->block_size * a->kv_heads * D * (int64_t)sizeof(bf16);
     pc_linear_prefetching(normed, H, T, H / 2, a->qkv_w, qkv_w, a->qkv_bias, qkv, qkv_w, (int)nt,
                           &to_attention);
     pc_phase_end(PC_PHASE_QKV, &clock);
     pc_rotary(qkv, qkv_w, D, a->cos_sin, 2 * D, T, a->heads + a->kv_heads, D, (int)nt);
     const bf16 *k = qkv + a->heads * D, *v = k + a->kv_heads * D;
-    if (pc_store_kv(k, qkv_w, D, v, qkv_w, D, a->k_cache, a->v_cache, a->slots, T, a->kv_heads,
-                    D, a->num_blocks * a->block_size))
+    if (pc_store_kv(k, qkv_w, D, v, qkv_w, D, a->k_cache, a->v_cache, w ? w->slots : a->slots,
+                    T, a->kv_heads, D, a->num_blocks * a->block_size))
         return -7;
     pc_phase_end(PC_PHASE_ROPE_KV_WRITE, &clock);
     if (a->num_out >= 0) return selected_rows(a, qkv, attended, gate_up, normed, act, residual);
     const int64_t nd = a->num_decode;
     int err = 0;
-    if (nd > 0)
+    if (w)
+        attend_windowed(a, qkv, qkv_w, w->tables, w->tables_stride, w->seq_of, w->positions, T,
+                        attended);
+    else if (nd > 0)
         err = pa_paged_attention(qkv, qkv_w, D, qkv, qkv_w, D, qkv, qkv_w, D, a->k_cache,
                                  a->v_cache, 0, NULL, NULL, a->num_blocks, a->decode_tables,
                                  a->decode_tables_stride, a->decode_max_blocks, NULL,
                                  a->decode_lens, (int)nd, nd, attended, (int)a->heads,
                                  (int)a->kv_heads, (int)D, (int)a->block_size, (float)a->scale,
                                  1, (int)nt);
-    if (!err && a->num_prefill > 0)
+    if (!w && !err && a->num_prefill > 0)
         err = pa_paged_attention(qkv + nd * qkv_w, qkv_w, D, k + nd * qkv_w, qkv_w, D,
                                  v + nd * qkv_w, qkv_w, D, a->k_cache, a->v_cache, 0, NULL, NULL,
                                  a->num_blocks, a->prefill_tables, a->prefill_tables_stride,

@@ -31,6 +31,8 @@ import torch
 from prefixcache.kernels.cpu.build import load_f32_library, load_library
 from prefixcache.kernels.cpu.paged_attention import ATTENTION_ERRORS
 from prefixcache.kernels.cpu.paged_attention_f32 import ATTENTION_ERRORS as F32_ATTENTION_ERRORS
+from prefixcache.kernels.cpu.window_step import WindowStep
+from prefixcache.kernels.cpu.windowed_attention import windowed_shape_supported
 
 # per run dtype: the attention kernel's codes (it runs inside the layer), and the layer's own
 _SLOT_ERROR = {-7: "slot_mapping has a slot outside the pool"}
@@ -49,7 +51,8 @@ class PagedStep:
     themselves included); the rest are prefill chunks laid out by ``prefill_query_start_loc``
     (relative to row ``num_decode``) over ``prefill_context_lens`` cached tokens. The rows
     ``sample_rows`` sample a token; each sees ``sample_seq_lens`` keys through its row of
-    ``sample_block_tables``.
+    ``sample_block_tables``. ``window``: what the sliding layers read and write instead (None
+    when no layer of the run slides).
     """
 
     slot_mapping: torch.Tensor  # [num_tokens] int64, -1 skips
@@ -63,6 +66,7 @@ class PagedStep:
     sample_rows: torch.Tensor  # [num_sampled] int64, ascending
     sample_block_tables: torch.Tensor  # [num_sampled, max_blocks] int32
     sample_seq_lens: torch.Tensor  # [num_sampled] int32
+    window: WindowStep | None = None
 
     @functools.cached_property
     def _args(self) -> _LayerArgs:
@@ -95,6 +99,7 @@ class PagedStep:
             num_out=-1, out_rows=self.sample_rows.data_ptr(),
             out_tables=sample.data_ptr(), out_tables_stride=sample.stride(0),
             out_max_blocks=sample.shape[1], out_lens=self.sample_seq_lens.data_ptr(),
+            win=None if self.window is None else ctypes.addressof(self.window.args),
         )  # fmt: skip
 
 
@@ -146,7 +151,7 @@ class _LayerArgs(ctypes.Structure):
         ("eps", ctypes.c_double), ("scale", ctypes.c_double),
         *((name, ctypes.c_void_p) for name in ("qkv_w", "qkv_bias", "o_w", "gate_up_w", "down_w")),
         ("cos_sin", ctypes.c_void_p), ("k_cache", ctypes.c_void_p), ("v_cache", ctypes.c_void_p),
-        ("slots", ctypes.c_void_p), ("num_decode", ctypes.c_int64),
+        ("window", ctypes.c_int64), ("slots", ctypes.c_void_p), ("num_decode", ctypes.c_int64),
         ("decode_tables", ctypes.c_void_p), ("decode_tables_stride", ctypes.c_int64),
         ("decode_max_blocks", ctypes.c_int64), ("decode_lens", ctypes.c_void_p),
         ("num_prefill", ctypes.c_int64), ("prefill_tables", ctypes.c_void_p),
@@ -156,21 +161,25 @@ class _LayerArgs(ctypes.Structure):
         ("out_tables", ctypes.c_void_p), ("out_tables_stride", ctypes.c_int64),
         ("out_max_blocks", ctypes.c_int64), ("out_lens", ctypes.c_void_p),
         ("final_norm", ctypes.c_void_p), ("final_eps", ctypes.c_double),
+        ("win", ctypes.c_void_p),
     ]  # fmt: skip
 
 
 class _PreparedLayers:
-    """The per-layer ``layer_args`` of a run (weights, shapes, pools), the same from step to
-    step: built and checked once, then reused while the layers and pools are the same objects
-    at the same addresses. Holds weak references only, so it never keeps a model alive."""
+    """The per-layer ``layer_args`` of a run (weights, shapes, pools, windows), the same from
+    step to step: built and checked once, then reused while the layers and pools are the same
+    objects at the same addresses. Holds weak references only, so it never keeps a model
+    alive."""
 
     def __init__(
         self,
         layers: Sequence[LayerWeights],
         k_caches: Sequence[torch.Tensor],
         v_caches: Sequence[torch.Tensor],
+        windows: tuple[int, ...],
     ) -> None:
         self.args = (_LayerArgs * len(layers))()
+        self.windows = windows
         for i, (weights, k_cache, v_cache) in enumerate(
             zip(layers, k_caches, v_caches, strict=True)
         ):
@@ -181,6 +190,11 @@ class _PreparedLayers:
             layer.k_cache = _rows("k_cache", k_cache, pool_shape, dtype)
             layer.v_cache = _rows("v_cache", v_cache, pool_shape, dtype)
             layer.block_size, layer.num_blocks = pool_shape[1], pool_shape[0]
+            layer.window = windows[i]
+            if windows[i] and not windowed_shape_supported(
+                weights.heads, weights.kv_heads, weights.head_dim
+            ):
+                raise ValueError(f"layer {i}: the windowed kernel does not take its heads")
         self._refs = [weakref.ref(x) for x in (*layers, *k_caches, *v_caches)]
         self._pools = list(map(torch.Tensor.data_ptr, (*k_caches, *v_caches)))
 
@@ -189,10 +203,12 @@ class _PreparedLayers:
         layers: Sequence[LayerWeights],
         k_caches: Sequence[torch.Tensor],
         v_caches: Sequence[torch.Tensor],
+        windows: tuple[int, ...],
     ) -> bool:
         objects = (*layers, *k_caches, *v_caches)
         return (
-            len(objects) == len(self._refs)
+            windows == self.windows
+            and len(objects) == len(self._refs)
             and all(ref() is obj for ref, obj in zip(self._refs, objects, strict=True))
             and list(map(torch.Tensor.data_ptr, (*k_caches, *v_caches))) == self._pools
         )
@@ -205,11 +221,12 @@ def _prepared_layers(
     layers: Sequence[LayerWeights],
     k_caches: Sequence[torch.Tensor],
     v_caches: Sequence[torch.Tensor],
+    windows: tuple[int, ...],
 ) -> _PreparedLayers:
     global _last_prepared
     prepared = _last_prepared
-    if prepared is None or not prepared.fits(layers, k_caches, v_caches):
-        prepared = _PreparedLayers(layers, k_caches, v_caches)
+    if prepared is None or not prepared.fits(layers, k_caches, v_caches, windows):
+        prepared = _PreparedLayers(layers, k_caches, v_caches, windows)
         _last_prepared = prepared
     return prepared
 
@@ -266,6 +283,7 @@ def decoder_layers_cpu(
     v_caches: Sequence[torch.Tensor],  # each [num_blocks, block_size, num_kv_heads, head_dim]
     sampled_rows_only: bool = False,
     final_norm: tuple[torch.Tensor, float] | None = None,  # ([hidden] weight, eps)
+    windows: Sequence[int | None] | None = None,  # per layer: its sliding window, or None
 ) -> tuple[torch.Tensor, torch.Tensor]:  # (mlp_out, residual), each [num_tokens or R, hidden]
     """Decoder layers ``layers[i]`` over pools ``k_caches[i]`` / ``v_caches[i]``, one after the
     other in one compiled call: the last layer's MLP output and the residual stream before it
@@ -275,11 +293,18 @@ def decoder_layers_cpu(
     alone, and both results have one row per sampled row. With ``final_norm`` the same call
     then adds the MLP output to the stream and normalizes it (the model's last norm, as
     ``add_rms_norm_``): the first result is the normed hidden state, the second the stream
-    after the add. ValueError for bad inputs, slots or tables (the pools up to the failing
+    after the add. A layer with a window in ``windows`` slides: its rows attend to their last
+    ``window`` keys through ``step.window`` (its slot mapping and tables, the compiled windowed
+    kernel). ValueError for bad inputs, slots or tables (the pools up to the failing
     layer may then hold the new k/v). Every tensor is of delta's dtype, bf16 or float32."""
     count = len(layers)
     if count == 0 or len(k_caches) != count or len(v_caches) != count:
         raise ValueError("need one K and one V pool per layer, and at least one layer")
+    sliding = tuple(w or 0 for w in windows) if windows is not None else (0,) * count
+    if len(sliding) != count or min(sliding) < 0:
+        raise ValueError("need one window (None or a positive number) per layer")
+    if any(sliding) and step.window is None:
+        raise ValueError("sliding layers need the step's window inputs (PagedStep.window)")
     dtype = delta.dtype
     if dtype not in FUSED_DTYPES:
         raise ValueError(f"fused layers run in bfloat16 or float32, not {dtype}")
@@ -291,9 +316,11 @@ def decoder_layers_cpu(
         _rows("residual", residual, (tokens, hidden), dtype) if residual is not None else None
     )
     cos_sin_ptr = _rows("cos_sin", cos_sin, (tokens, 2, layers[0].head_dim), dtype)
-    if step.slot_mapping.shape[0] != tokens:
+    if step.slot_mapping.shape[0] != tokens or (
+        step.window is not None and step.window.positions.shape[0] != tokens
+    ):
         raise ValueError("slot_mapping must be int64 [num_tokens]")
-    prepared = _prepared_layers(layers, k_caches, v_caches)
+    prepared = _prepared_layers(layers, k_caches, v_caches, sliding)
     out = torch.empty((tokens, hidden), dtype=dtype)
     call = _LayerArgs()  # the fields every layer shares (pc_decoder_layers)
     ctypes.pointer(call)[0] = step._args

@@ -6,7 +6,8 @@
  *
  *   normed   = rms_norm(residual += delta)          (first layer: residual is delta itself)
  *   qkv      = normed Wqkv^T (+ bias); RoPE on q, k; k, v written to their pool slots
- *   attended = paged attention: decode rows [0, num_decode), then prefill rows
+ *   attended = paged attention: decode rows [0, num_decode), then prefill rows (a sliding
+ *              layer: every row over its last `window` keys, windowed_attention.c)
  *   normed   = rms_norm(residual += attended Wo^T)
  *   out      = (silu(normed Wgate^T) * normed Wup^T) Wdown^T
  *
@@ -66,7 +67,11 @@ static int selected_rows(const layer_args *a, const float *qkv, float *attended,
     float *queries = gate_up; /* [R][attn_w], free until the MLP */
     for (int64_t i = 0; i < R; i++)
         memcpy(queries + i * attn_w, qkv + a->out_rows[i] * qkv_w, (size_t)attn_w * sizeof(float));
-    const int err = pa_f32_attention(
+    const window_args *w = a->window > 0 ? a->win : NULL;
+    if (w)
+        attend_windowed(a, queries, attn_w, w->out_tables, w->out_tables_stride, w->out_seq_of,
+                        w->out_positions, R, attended);
+    const int err = w ? 0 : pa_f32_attention(
         queries, attn_w, D, queries, attn_w, D, queries, attn_w, D, a->k_cache, a->v_cache,
         a->num_blocks, a->out_tables, a->out_tables_stride, a->out_max_blocks, NULL, a->out_lens,
         (int)R, R, attended, attn_w, D, (int)a->heads, (int)a->kv_heads, (int)D,
@@ -95,24 +100,28 @@ static int decoder_layer(const layer_args *a) {
     float *gate_up = attended + n_attn, *act = gate_up + n_gu;
 
     float *residual = a->residual ? a->residual : a->delta;
+    const window_args *w = a->window > 0 ? a->win : NULL; /* a sliding layer's inputs */
     pc_f32_rms_norm(a->delta, H, a->residual, H, a->input_norm, normed, H, T, H, (float)a->eps,
                     nt);
     pc_f32_linear(normed, H, T, H, a->qkv_w, qkv_w, a->qkv_bias, qkv, qkv_w, nt);
     pc_f32_rotary(qkv, qkv_w, D, a->cos_sin, 2 * D, T, a->heads + a->kv_heads, D, nt);
     const float *k = qkv + a->heads * D, *v = k + a->kv_heads * D;
-    if (pc_f32_store_kv(k, qkv_w, D, v, qkv_w, D, a->k_cache, a->v_cache, a->slots, T,
-                        a->kv_heads, D, a->num_blocks * a->block_size))
+    if (pc_f32_store_kv(k, qkv_w, D, v, qkv_w, D, a->k_cache, a->v_cache,
+                        w ? w->slots : a->slots, T, a->kv_heads, D, a->num_blocks * a->block_size))
         return -7;
     if (a->num_out >= 0) return selected_rows(a, qkv, attended, gate_up, normed, act, residual);
     const int64_t nd = a->num_decode;
     int err = 0;
-    if (nd > 0)
+    if (w)
+        attend_windowed(a, qkv, qkv_w, w->tables, w->tables_stride, w->seq_of, w->positions, T,
+                        attended);
+    else if (nd > 0)
         err = pa_f32_attention(qkv, qkv_w, D, qkv, qkv_w, D, qkv, qkv_w, D, a->k_cache,
                                a->v_cache, a->num_blocks, a->decode_tables,
                                a->decode_tables_stride, a->decode_max_blocks, NULL,
                                a->decode_lens, (int)nd, nd, attended, attn_w, D, (int)a->heads,
                                (int)a->kv_heads, (int)D, (int)a->block_size, (float)a->scale, nt);
-    if (!err && a->num_prefill > 0)
+    if (!w && !err && a->num_prefill > 0)
         err = pa_f32_attention(qkv + nd * qkv_w, qkv_w, D, k + nd * qkv_w, qkv_w, D,
                                v + nd * qkv_w, qkv_w, D, a->k_cache, a->v_cache, a->num_blocks,
                                a->prefill_tables, a->prefill_tables_stride,

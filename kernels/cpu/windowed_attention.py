@@ -18,13 +18,18 @@ def windowed_attention_supports(q: torch.Tensor, k_cache: torch.Tensor) -> bool:
     """Whether the compiled kernel takes these inputs: CPU float32/bf16 queries over an
     unquantized CPU pool of the same dtype family, head_dim a multiple of 8 up to 256, at
     most 16 query heads a KV head."""
-    if load_f32_library() is None or not (q.is_cpu and k_cache.is_cpu):
+    if not (q.is_cpu and k_cache.is_cpu):
         return False
-    heads, dim = q.shape[1], q.shape[2]
-    kv_heads = k_cache.shape[2]
-    return (q.dtype in DTYPES and k_cache.dtype in DTYPES and dim % 8 == 0
-            and dim <= MAX_HEAD_DIM and heads % kv_heads == 0
-            and heads // kv_heads <= MAX_GROUP and k_cache.is_contiguous())  # fmt: skip
+    return (q.dtype in DTYPES and k_cache.dtype in DTYPES and k_cache.is_contiguous()
+            and windowed_shape_supported(q.shape[1], k_cache.shape[2], q.shape[2]))
+
+
+def windowed_shape_supported(heads: int, kv_heads: int, head_dim: int) -> bool:
+    """Whether the compiled kernel runs here and takes these heads: head_dim a multiple of 8
+    up to 256, at most 16 query heads a KV head."""
+    return (load_f32_library() is not None and head_dim % 8 == 0 and 0 < head_dim <= MAX_HEAD_DIM
+            and kv_heads > 0 and heads % kv_heads == 0
+            and heads // kv_heads <= MAX_GROUP)  # fmt: skip
 
 
 def windowed_attention_cpu(

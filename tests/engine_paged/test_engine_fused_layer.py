@@ -11,11 +11,13 @@ import pytest
 import torch
 from kernel_calls import record_calls
 from step_logits import record_step_logits
+from tiny_model_factory import HEAD_DIM_64, make_tiny_model_dir
 
 from prefixcache.engine.llm import LLM
 from prefixcache.engine.model.packed_linear import PackedLinear
 from prefixcache.engine.model_runner import PagedAttention
 from prefixcache.engine.sampling_params import SamplingParams
+from prefixcache.engine.sliding_slots import SlidingSlots
 from prefixcache.kernels.cpu.decoder_layer import release_layer_scratch
 from prefixcache.kernels.dispatch import cpu_kernels
 
@@ -48,7 +50,8 @@ SIBLINGS = [[*SYSTEM, *range(200, 209)], [*SYSTEM, *range(300, 306)]]  # two new
 
 
 def step_logits(
-    folder: Path, monkeypatch: pytest.MonkeyPatch, fused: bool, dtype: torch.dtype
+    folder: Path, monkeypatch: pytest.MonkeyPatch, fused: bool, dtype: torch.dtype,
+    **engine_options: object,
 ) -> list[torch.Tensor]:
     """Every step's logits: the prompts one at a time (prefix hits), then all together with
     n = 2 (a decode batch next to chunked prefills, forks copying the partial block), then two
@@ -57,7 +60,7 @@ def step_logits(
     if not fused:
         monkeypatch.setattr(PagedAttention, "paged_step", lambda self, layer_idx: None)
     llm = LLM(str(folder), dtype=dtype, num_blocks=96, block_size=4,
-              max_num_batched_tokens=24)  # fmt: skip
+              max_num_batched_tokens=24, **engine_options)  # fmt: skip
     recorded = record_step_logits(llm)
     for prompt in PROMPTS:
         llm.generate([prompt], SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True))
@@ -79,6 +82,37 @@ def test_fused_layers_give_bitwise_the_same_logits(
     calls = record_calls(monkeypatch, cpu_kernels(), ["decoder_layers_cpu"])
     separate = step_logits(tiny_llama_hd64_dir, monkeypatch, fused=False, dtype=dtype)
     assert not calls
+    assert len(fused) == len(separate)
+    for got, expected in zip(fused, separate, strict=True):
+        assert torch.equal(got, expected)
+
+
+SLIDING_MODELS = {
+    "mistral": {"sliding_window": 16},  # every layer slides
+    "qwen2": {"sliding_window": 12, "use_sliding_window": True, "max_window_layers": 1,
+              "num_hidden_layers": 3},  # a full layer, then two sliding ones
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("hybrid", [True, False], ids=["hybrid", "plain"])
+@pytest.mark.parametrize("architecture", sorted(SLIDING_MODELS))
+def test_fused_sliding_layers_give_bitwise_the_same_logits(
+    tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch,
+    dtype: torch.dtype, architecture: str, hybrid: bool,
+) -> None:
+    """Sliding-window layers run fused (the windowed kernel called from the compiled layer),
+    over the logical pool or a hybrid cache's slot pool with fewer slots than the prompts'
+    blocks: every step's logits equal the layers run op by op, bit for bit."""
+    folder = make_tiny_model_dir(tmp_path_factory.mktemp(f"fused-{architecture}"),
+                                 architecture, **HEAD_DIM_64, **SLIDING_MODELS[architecture])
+    window = SLIDING_MODELS[architecture]["sliding_window"]
+    options = {"hybrid_kv_cache": hybrid}
+    if hybrid:  # slots for two running windows: reused as the windows slide
+        options["kv_sliding_slots"] = SlidingSlots.min_slots(window, 4, 24) + 2 * (window // 4)
+    calls = record_calls(monkeypatch, cpu_kernels(), ["decoder_layers_cpu"])
+    fused = step_logits(folder, monkeypatch, fused=True, dtype=dtype, **options)
+    assert calls, "the fused layers did not run"
+    separate = step_logits(folder, monkeypatch, fused=False, dtype=dtype, **options)
     assert len(fused) == len(separate)
     for got, expected in zip(fused, separate, strict=True):
         assert torch.equal(got, expected)
