@@ -6,7 +6,7 @@ backends, paced at 200 decisions/s, and the added TTFT of a streamed call throug
 
 Part A (in this process): 8 precise backends, each holding a different share (0, 1/8, ...,
 7/8) of the prompt, fed to ``PrefixIndexes`` as their caches' BlockStored events. A decision
-is what the router does before forwarding: the request body decoded (msgspec), its token ids,
+is what the router does before forwarding: the request body parsed (``BodyParser``), its token ids,
 the index match (``cached_tokens``) and ``RoutingPolicy.choose``; for a chat request also
 the local tokenization of the resent conversation (``PromptTokenizer``, SmolLM2's tokenizer).
 Decisions are started on a 200/s clock and timed from their scheduled start.
@@ -36,6 +36,7 @@ from serve_process import free_port, launch, stop
 
 from prefixcache import PrefixCache
 from prefixcache.integrations.router.prefix_indexes import PrefixIndexes
+from prefixcache.integrations.router.request_body import BodyParser
 from prefixcache.integrations.router.request_tokens import token_array
 from prefixcache.integrations.router.scoring import CostModel, RoutingPolicy
 from prefixcache.kernels.cpu.kernel_choice import cpu_model
@@ -72,9 +73,10 @@ def decision_costs(tokens: int, num_backends: int, rate: float, seconds: float) 
     policy = RoutingPolicy("cache_aware", CostModel(1 / 2000))
     backlog = np.zeros(num_backends)
     body = msgspec.json.encode({"model": "m", "prompt": prompt.tolist(), "max_tokens": 1})
+    parser = BodyParser()
 
     def decide() -> int:  # what the router does before forwarding, as it does it
-        ids = token_array(msgspec.json.decode(body)["prompt"])
+        ids = token_array(parser.parse(body)["prompt"])
         cached = indexes.cached_tokens(ids, num_backends)
         return policy.choose(len(ids), cached, backlog, 7)
 

@@ -15,6 +15,9 @@ a request (a miss on the backend), never change an answer, which the backend con
 from __future__ import annotations
 
 from collections.abc import Hashable, Iterable, Sequence
+from functools import partial
+from itertools import islice, takewhile
+from operator import is_
 
 import numpy as np
 
@@ -24,6 +27,7 @@ from prefixcache.hashing import BlockHasher, chain_block_hashes, xxh3_block_hash
 BackendId = Hashable
 
 ROOT_SEED = 0x7072656669786361  # the index's chain starts here ("prefixca")
+_MAX_INTERNED = 4096  # distinct holder sets kept before the unused ones are dropped
 
 
 class ClusterIndex:
@@ -41,6 +45,10 @@ class ClusterIndex:
         self.block_size = block_size
         self.hasher = hasher
         self._holders: dict[int, dict[BackendId, int]] = {}  # our hash -> {backend: copies}
+        # our hash -> its holders as one shared frozenset per distinct set of backends, so a
+        # prompt's blocks held by the same backends are one run of the same object in `match`
+        self._holder_sets: dict[int, frozenset[BackendId]] = {}
+        self._interned: dict[frozenset[BackendId], frozenset[BackendId]] = {}
         self._names: dict[BackendId, dict[int, int]] = {}  # backend -> {their hash: our hash}
         self.orphan_blocks = 0
         self.foreign_block_size_events = 0
@@ -53,24 +61,27 @@ class ClusterIndex:
         return chain_block_hashes(tokens, self.block_size, 0, end, ROOT_SEED, self.hasher)
 
     def match(self, prompt_hashes: Sequence[int]) -> dict[BackendId, int]:
-        """Leading blocks of the prompt each backend holds; backends holding none are absent."""
+        """Leading blocks of the prompt each backend holds; backends holding none are absent.
+        Walks runs of blocks with the same holders (one step a run, its length counted in C),
+        not blocks: a 32K-token prompt is a few steps however many blocks it has."""
+        sets = list(map(self._holder_sets.get, prompt_hashes))
         found: dict[BackendId, int] = {}
-        alive: set[BackendId] | None = None
+        alive: frozenset[BackendId] = frozenset()
         depth = 0
-        for block_hash in prompt_hashes:
-            holders = self._holders.get(block_hash)
-            if not holders:
+        while depth < len(sets):
+            holders = sets[depth]
+            if holders is None:
                 break
-            if alive is None:
-                alive = set(holders)
-            elif not holders.keys() >= alive:  # the common case (all still hold it) in C
-                for backend in [b for b in alive if b not in holders]:
+            if depth == 0:
+                alive = holders
+            elif not holders >= alive:
+                for backend in alive - holders:
                     found[backend] = depth
-                    alive.discard(backend)
+                alive = alive & holders
                 if not alive:
                     break
-            depth += 1
-        for backend in alive or ():
+            depth += len(list(takewhile(partial(is_, holders), islice(sets, depth, None))))
+        for backend in alive:
             found[backend] = depth
         return found
 
@@ -134,6 +145,8 @@ class ClusterIndex:
             names[their_hash] = our_hash
             copies = self._holders.setdefault(our_hash, {})
             copies[backend] = copies.get(backend, 0) + 1
+            if copies[backend] == 1:  # a new holder
+                self._holders_changed(our_hash, copies)
 
     def _removed(self, backend: BackendId, their_hashes: Iterable[int]) -> None:
         names = self._names.get(backend)
@@ -153,6 +166,17 @@ class ClusterIndex:
         del copies[backend]
         if not copies:
             del self._holders[ours]
+        self._holders_changed(ours, copies)
+
+    def _holders_changed(self, ours: int, copies: dict[BackendId, int]) -> None:
+        """Point ``ours`` at the interned set of its holders (none: forget it)."""
+        if not copies:
+            self._holder_sets.pop(ours, None)
+            return
+        if len(self._interned) > _MAX_INTERNED:  # keep only the sets still pointed at
+            self._interned = {held: held for held in self._holder_sets.values()}
+        key = frozenset(copies)
+        self._holder_sets[ours] = self._interned.setdefault(key, key)
 
     # ------------------------------------------------------------------ checks
     def check_invariants(self) -> None:
@@ -164,3 +188,6 @@ class ClusterIndex:
                 per[backend] = per.get(backend, 0) + 1
         assert counted == self._holders, "holders disagree with the backends' block names"
         assert all(self._holders.values()), "an empty holder set was kept"
+        assert {ours: frozenset(copies) for ours, copies in self._holders.items()} == (
+            self._holder_sets
+        ), "the interned holder sets disagree with the holders"

@@ -114,3 +114,23 @@ def test_bad_events_raise_or_are_counted() -> None:
     with pytest.raises(ValueError):
         ClusterIndex(0)
     index.check_invariants()
+
+
+def test_a_hole_ends_a_backends_run_and_late_holders_do_not_count() -> None:
+    """A backend that lost a middle block (its parent evicted before its child) holds only the
+    blocks before the hole; one holding a later block but not the first holds nothing; runs of
+    blocks with the same holders are matched as one."""
+    index = ClusterIndex(BS)
+    tokens = list(range(24))
+    index.apply("a", BlockStored([1, 2, 3, 4, 5, 6], None, tokens, BS))
+    index.apply("b", BlockStored([1, 2, 3, 4], None, tokens[:16], BS))
+    index.apply("c", BlockStored([1, 2], None, tokens[:8], BS))
+    index.apply("a", BlockRemoved([3]))  # a: blocks 0, 1, 3, 4, 5
+    index.apply("c", BlockRemoved([1]))  # c: block 1 only
+    hashes = index.prompt_hashes(tokens)
+    assert index.match(hashes) == {"a": 2, "b": 4}
+    index.apply("b", BlockRemoved([1]))
+    assert index.match(hashes) == {"a": 2}
+    index.apply("a", BlockRemoved([1]))
+    assert index.match(hashes) == {}
+    index.check_invariants()
