@@ -1,4 +1,5 @@
-"""The cache-aware router: an OpenAI-compatible proxy over N backends (FastAPI + httpx).
+"""The cache-aware router: an OpenAI-compatible proxy over N backends (ASGI for the routed
+POSTs, FastAPI for the rest; aiohttp forwards, httpx checks the backends).
 
 ``POST /v1/completions`` and ``/v1/chat/completions`` are routed: the prompt's token ids are
 matched against every backend's index (``PrefixIndexes``) and ``RoutingPolicy.choose`` picks
@@ -46,6 +47,7 @@ from prefixcache.integrations.router.request_tokens import (
     affinity_key,
     session_key,
 )
+from prefixcache.integrations.router.routed_paths import ROUTED_PATHS, RoutedPaths
 from prefixcache.integrations.router.scoring import CostModel, RoutingPolicy
 
 MAX_SESSIONS = 100_000
@@ -107,12 +109,13 @@ class Router:
         self.sessions: OrderedDict[str, int] = OrderedDict()
         self.metrics = _Metrics()
 
-    async def route(self, request: Request, path: str) -> Response:
-        raw = await request.body()
+    async def route(self, raw: bytes, headers: Mapping[str, str], path: str) -> Response:
+        """Route one request (``raw``, its body, and ``headers``) to ``path`` of a backend; the
+        backend's answer (a ``StreamingResponse`` for a stream), or a 503 when none takes it."""
         started = time.perf_counter()
         body = self.body_parser.parse(raw)
         prompt = await self.tokens.prompt_ids(path, body)
-        session = session_key(body, request.headers)
+        session = session_key(body, headers)
         affinity = affinity_key(session, prompt)
         num_tokens = 0 if prompt is None else len(prompt)
         n = len(self.pool.backends)
@@ -136,7 +139,7 @@ class Router:
             backend = self.pool.backends[choice]
             uncached = max(num_tokens - int(cached[choice]), 0)
             try:
-                response = await self._send(backend, path, raw, request.headers, uncached)
+                response = await self._send(backend, path, raw, headers, uncached)
             except BackendUnavailable as error:
                 excluded.add(choice)
                 self.metrics.retries.inc()
@@ -197,8 +200,9 @@ def _no_backend(total: int, tried: set[int]) -> JSONResponse:
                                    "param": None, "code": "no_backend"}}, 503)  # fmt: skip
 
 
-def build_router_app(config: RouterConfig) -> FastAPI:
-    """The router's ASGI app; backends are checked at startup and every health interval."""
+def build_router_app(config: RouterConfig) -> RoutedPaths:
+    """The router's ASGI app; backends are checked at startup and every health interval. The
+    routed POSTs run on the router straight from ASGI (``RoutedPaths``), the rest on FastAPI."""
     state: dict[str, Router] = {}
 
     @contextlib.asynccontextmanager
@@ -220,11 +224,13 @@ def build_router_app(config: RouterConfig) -> FastAPI:
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
-        return await state["router"].route(request, "/v1/completions")
+        return await state["router"].route(await request.body(), request.headers,
+                                           "/v1/completions")  # fmt: skip
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
-        return await state["router"].route(request, "/v1/chat/completions")
+        return await state["router"].route(await request.body(), request.headers,
+                                           "/v1/chat/completions")  # fmt: skip
 
     @app.get("/v1/models")
     @app.get("/v1/models/{model_id:path}")
@@ -254,7 +260,7 @@ def build_router_app(config: RouterConfig) -> FastAPI:
         return Response(generate_latest(state["router"].metrics.registry),
                         media_type=CONTENT_TYPE_LATEST)  # fmt: skip
 
-    return app
+    return RoutedPaths(app, state, ROUTED_PATHS)
 
 
 def _auth(request: Request) -> dict[str, str]:

@@ -3,12 +3,10 @@ calls. (A uniquely named module: ``conftest`` names clash across test folders.)"
 
 from __future__ import annotations
 
-import asyncio
 import os
 import socket
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -98,36 +96,6 @@ def assert_openai_error(response: httpx.Response, status: int, param: str | None
     if code is not None:
         assert error["code"] == code, error
     return error
-
-
-class EngineGate:
-    """Holds the engine thread between steps (via ``AsyncLLM.call``) while the block is open,
-    so a test can act while requests are known to be in flight. ``stats`` is a snapshot taken
-    on the engine thread when the gate closed."""
-
-    def __init__(self, engine: Any) -> None:
-        self._engine = engine
-        self._inside = threading.Event()
-        self._release = threading.Event()
-        self.stats: dict[str, Any] = {}
-        self._thread = threading.Thread(target=self._hold, daemon=True)
-
-    def _hold(self) -> None:
-        def wait_on_engine_thread(llm: Any) -> None:
-            self.stats = llm.stats()
-            self._inside.set()
-            self._release.wait(60)
-
-        asyncio.run(self._engine.call(wait_on_engine_thread))
-
-    def __enter__(self) -> EngineGate:
-        self._thread.start()
-        assert self._inside.wait(60), "the engine thread never reached the gate"
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self._release.set()
-        self._thread.join(60)
 
 
 def counter_value(metrics_text: str, line_prefix: str) -> float:

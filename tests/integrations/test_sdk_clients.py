@@ -10,9 +10,9 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import pytest
+from engine_gate import EngineGate
 from integration_helpers import (
     SERVED_NAME,
-    EngineGate,
     assert_no_leak,
     assert_server_clean,
     discriminating_stop,

@@ -8,9 +8,9 @@ from collections.abc import Iterator
 import httpx
 import openai
 import pytest
+from engine_gate import EngineGate
 from integration_helpers import (
     SERVED_NAME,
-    EngineGate,
     assert_openai_error,
     assert_server_clean,
     counter_value,

@@ -11,6 +11,7 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
+from engine_gate import EngineGate
 from tiny_model_factory import make_tiny_model_dir
 
 from prefixcache.engine.async_llm import AsyncLLM
@@ -167,3 +168,41 @@ def test_token_id_prompts_and_session_headers(router, cluster) -> None:
     metrics = httpx.get(f"{router.base_url}/metrics").text
     assert "prefixcache_router_requests_total" in metrics
     assert json.loads(httpx.get(f"{router.base_url}/router/stats").text)["sessions"] >= 1
+
+
+def finished(base_url: str, reason: str) -> float:
+    """A backend's count of completions that ended with ``reason``."""
+    prefix = f'prefixcache_request_success_total{{finish_reason="{reason}"}}'
+    for line in httpx.get(f"{base_url}/metrics").text.splitlines():
+        if line.startswith(prefix):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+def test_a_client_leaving_mid_stream_aborts_the_backends_request(router, cluster) -> None:
+    """The client closes a routed stream while the backend is held mid-generation: the router
+    closes its stream to the backend, which aborts the request (not run to its length) and
+    frees its blocks."""
+    engines, servers = cluster
+    body = {"model": NAME, "prompt": list(range(100, 140)), "max_tokens": 1500,
+            "ignore_eos": True, "stream": True}  # fmt: skip
+    before = {s.base_url: (finished(s.base_url, "length"), finished(s.base_url, "abort"))
+              for s in servers}  # fmt: skip
+    with httpx.Client(timeout=60) as client, client.stream(
+        "POST", f"{router.base_url}/v1/completions", json=body
+    ) as response:
+        backend = response.headers[ROUTED_TO_HEADER]
+        events = (line for line in response.iter_lines() if line)
+        assert all(next(events).startswith("data: {") for _ in range(3))
+        engine = engines[[s.base_url for s in servers].index(backend)]
+        with EngineGate(engine) as gate:
+            assert gate.stats["running"] == 1
+            response.close()  # the client leaves
+    deadline = time.monotonic() + 30
+    while finished(backend, "abort") == before[backend][1] and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert finished(backend, "abort") == before[backend][1] + 1
+    assert finished(backend, "length") == before[backend][0]
+    while engine.llm.stats()["running"] and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert engine.llm.stats()["running"] == 0 and engine.llm.stats()["in_use"] == 0
