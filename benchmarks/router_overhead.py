@@ -14,7 +14,8 @@ Decisions are started on a 200/s clock and timed from their scheduled start.
 Part B (real processes): one ``prefixcache serve`` on a small random model that takes a 32K
 context (block size 16, KV events on) and ``prefixcache router`` in front of it; the prompt is
 cached first, then streamed requests (``max_tokens: 1``) alternate direct / routed, pair by
-pair, and the router's added TTFT is the median of the pairs' differences.
+pair, and the router's added TTFT is the median of the pairs' differences: the same prompt
+resent, then prompts with a new last block each call (the router hashes them whole again).
 """
 
 from __future__ import annotations
@@ -68,25 +69,39 @@ def build_indexes(prompt: np.ndarray, num_backends: int) -> PrefixIndexes:
 
 
 def decision_costs(tokens: int, num_backends: int, rate: float, seconds: float) -> dict[str, Any]:
-    prompt = np.random.default_rng(0).integers(0, 49152, tokens).astype(np.int32)
+    """Decisions on the same prompt resent (an agent's history: its block hashes come from
+    the router's ``PromptHashMemo``) and on prompts with a new last block each time (the
+    whole prompt hashed again), unpaced; then fresh ones paced at ``rate``."""
+    rng = np.random.default_rng(0)
+    prompt = rng.integers(0, 49152, tokens).astype(np.int32)
     indexes = build_indexes(prompt, num_backends)
     policy = RoutingPolicy("cache_aware", CostModel(1 / 2000))
     backlog = np.zeros(num_backends)
-    body = msgspec.json.encode({"model": "m", "prompt": prompt.tolist(), "max_tokens": 1})
     parser = BodyParser()
 
-    def decide() -> int:  # what the router does before forwarding, as it does it
-        ids = token_array(parser.parse(body)["prompt"])
+    def body(tail: np.ndarray) -> bytes:
+        ids = np.concatenate([prompt[: len(prompt) - len(tail)], tail])
+        return msgspec.json.encode({"model": "m", "prompt": ids.tolist(), "max_tokens": 1})
+
+    resent = body(prompt[-BLOCK_SIZE:])
+    fresh = [body(rng.integers(0, 49152, BLOCK_SIZE)) for _ in range(int(seconds * rate) + 200)]
+
+    def decide(raw: bytes) -> int:  # what the router does before forwarding, as it does it
+        ids = token_array(parser.parse(raw)["prompt"])
         cached = indexes.cached_tokens(ids, num_backends)
         return policy.choose(len(ids), cached, backlog, 7)
 
-    assert decide() == num_backends - 1, "the backend holding the most must win"
-    unpaced = []
-    for _ in range(200):
-        started = time.perf_counter()
-        decide()
-        unpaced.append(time.perf_counter() - started)
+    assert decide(resent) == num_backends - 1, "the backend holding the most must win"
 
+    def unpaced(bodies: list[bytes]) -> list[float]:
+        took = []
+        for raw in bodies:
+            started = time.perf_counter()
+            decide(raw)
+            took.append(time.perf_counter() - started)
+        return took
+
+    resent_s, fresh_s = unpaced([resent] * 200), unpaced(fresh[:200])
     period = 1.0 / rate
     latencies, busy = [], 0.0
     start = time.perf_counter()
@@ -95,15 +110,17 @@ def decision_costs(tokens: int, num_backends: int, rate: float, seconds: float) 
         while (now := time.perf_counter()) < scheduled:
             time.sleep(min(scheduled - now, 0.001))
         began = time.perf_counter()
-        decide()
+        decide(fresh[200 + k])
         done = time.perf_counter()
         busy += done - began
         latencies.append(done - scheduled)
     elapsed = time.perf_counter() - start
     return {
         "prompt_tokens": tokens, "backends": num_backends,
-        "decision_p50_ms": percentile_ms(unpaced, 50),
-        "decision_p99_ms": percentile_ms(unpaced, 99),
+        "decision_p50_ms": percentile_ms(resent_s, 50),
+        "decision_p99_ms": percentile_ms(resent_s, 99),
+        "decision_new_tail_p50_ms": percentile_ms(fresh_s, 50),
+        "decision_new_tail_p99_ms": percentile_ms(fresh_s, 99),
         "paced_rate_per_s": rate,
         "paced_latency_p50_ms": percentile_ms(latencies, 50),
         "paced_latency_p99_ms": percentile_ms(latencies, 99),
@@ -162,7 +179,7 @@ def proxy_overhead(tokens: int, pairs: int) -> dict[str, Any]:
         model = make_tiny_model_dir(Path(folder), "llama", max_position_embeddings=tokens + 64)
         serve_port, router_port = free_port(), free_port()
         serve_url, router_url = f"http://127.0.0.1:{serve_port}", f"http://127.0.0.1:{router_port}"
-        blocks = tokens // BLOCK_SIZE + 64
+        blocks = tokens // BLOCK_SIZE + 4 * pairs + 64  # room for every new tail
         server = launch([sys.executable, "-m", "prefixcache.integrations.cli", "serve",
                         "--model", str(model), "--port", str(serve_port), "--dtype", "float32",
                         "--num-blocks", str(blocks), "--block-size", str(BLOCK_SIZE),
@@ -174,9 +191,16 @@ def proxy_overhead(tokens: int, pairs: int) -> dict[str, Any]:
             router = launch([sys.executable, "-m", "prefixcache.integrations.cli", "router",
                             "--port", str(router_port), "--backend", serve_url,
                             "--log-level", "warning"], router_url, environment)
-            prompt = np.random.default_rng(3).integers(1, 384, tokens).tolist()
-            body = json.dumps({"model": "tiny", "prompt": prompt, "max_tokens": 1,
-                               "stream": True}).encode()
+            rng = np.random.default_rng(3)
+            prompt = rng.integers(1, 384, tokens).tolist()
+
+            def request(ids: list[int]) -> bytes:
+                return json.dumps({"model": "tiny", "prompt": ids, "max_tokens": 1,
+                                   "stream": True}).encode()  # fmt: skip
+
+            body = request(prompt)
+            new_tails = [request(prompt[:-BLOCK_SIZE] + rng.integers(1, 384, BLOCK_SIZE).tolist())
+                         for _ in range(2 * pairs)]  # fmt: skip
             with httpx.Client(timeout=600) as client:
                 cold, _ = streamed_ttft(client, router_url, body)
                 time.sleep(0.5)  # the stored blocks' events reach the router's index
@@ -186,12 +210,18 @@ def proxy_overhead(tokens: int, pairs: int) -> dict[str, Any]:
                     ttft, backend = streamed_ttft(client, router_url, body)
                     routed.append(ttft)
                     assert backend == serve_url, backend
+                direct_new, routed_new = [], []  # a new last block each call, on both paths
+                for pair in range(pairs):
+                    direct_new.append(streamed_ttft(client, serve_url, new_tails[2 * pair])[0])
+                    routed_new.append(streamed_ttft(client, router_url,
+                                                    new_tails[2 * pair + 1])[0])  # fmt: skip
                 stats = client.get(f"{router_url}/router/stats").json()
         finally:
             if router is not None:
                 stop(router)
             stop(server)
     added = [r - d for r, d in zip(routed, direct, strict=True)]
+    added_new = [r - d for r, d in zip(routed_new, direct_new, strict=True)]
     return {
         "prompt_tokens": tokens, "pairs": pairs, "request_bytes": len(body),
         "cold_ttft_s": round(cold, 3),
@@ -199,6 +229,9 @@ def proxy_overhead(tokens: int, pairs: int) -> dict[str, Any]:
         "routed_ttft_p50_ms": percentile_ms(routed, 50),
         "added_ttft_p50_ms": percentile_ms(added, 50),
         "added_ttft_p90_ms": percentile_ms(added, 90),
+        "direct_new_tail_ttft_p50_ms": percentile_ms(direct_new, 50),
+        "added_ttft_new_tail_p50_ms": percentile_ms(added_new, 50),
+        "added_ttft_new_tail_p90_ms": percentile_ms(added_new, 90),
         "router_indexed_blocks": stats["backends"][0]["indexed_blocks"],
     }
 

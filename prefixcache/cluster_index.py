@@ -23,6 +23,7 @@ import numpy as np
 
 from prefixcache.events import AllBlocksCleared, BlockRemoved, BlockStored, CacheEvent
 from prefixcache.hashing import BlockHasher, chain_block_hashes, xxh3_block_hasher
+from prefixcache.prompt_hash_memo import PromptHashMemo
 
 BackendId = Hashable
 
@@ -52,13 +53,21 @@ class ClusterIndex:
         self._names: dict[BackendId, dict[int, int]] = {}  # backend -> {their hash: our hash}
         self.orphan_blocks = 0
         self.foreign_block_size_events = 0
+        self.memo = PromptHashMemo()
 
     # ------------------------------------------------------------------ prompts
     def prompt_hashes(self, token_ids: Sequence[int] | np.ndarray) -> list[int]:
-        """The index's chained hashes of the prompt's full blocks (hash once, match many)."""
+        """The index's chained hashes of the prompt's full blocks (hash once, match many; a
+        prompt repeating or extending a recent one hashes only its new blocks, see
+        ``PromptHashMemo``). The list may be shared with the memo: read it only."""
         tokens = np.ascontiguousarray(token_ids, dtype=np.int32)
         end = len(tokens) // self.block_size
-        return chain_block_hashes(tokens, self.block_size, 0, end, ROOT_SEED, self.hasher)
+
+        def chain(first: int, parent: int | None) -> list[int]:
+            seed = ROOT_SEED if parent is None else parent
+            return chain_block_hashes(tokens, self.block_size, first, end, seed, self.hasher)
+
+        return self.memo.hashes(tokens, self.block_size, chain)
 
     def match(self, prompt_hashes: Sequence[int]) -> dict[BackendId, int]:
         """Leading blocks of the prompt each backend holds; backends holding none are absent.
