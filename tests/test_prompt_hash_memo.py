@@ -40,7 +40,7 @@ def test_hashes_equal_a_fresh_chain_for_any_history(seed: int) -> None:
         history.append(prompt)
         tokens = np.array(prompt, dtype=np.int32)
         assert memo_hashes(memo, tokens, []) == fresh(tokens)
-    assert len(memo._entries) <= 5 and memo.hits > 0
+    assert len(memo._entries) <= 5 and memo.hits > 0 and memo.reused_blocks > 0
 
 
 def test_a_repeat_and_an_extension_chain_only_new_blocks() -> None:
@@ -57,6 +57,12 @@ def test_a_repeat_and_an_extension_chain_only_new_blocks() -> None:
     other = np.arange(1, 401, dtype=np.int32)  # same length, other tokens: nothing reused
     assert memo_hashes(memo, other, chained) == fresh(other)
     assert chained[-1] == 100
+    question = turn.copy()  # the same document, another question in its last block
+    question[-9:] = 7
+    assert memo_hashes(memo, question, chained) == fresh(question)
+    assert chained[-1] == 2  # the two blocks from the first changed token on
+    assert memo_hashes(memo, history[:50], chained) == fresh(history[:50])  # a prefix of one
+    assert chained[-1] == 2 and len(memo._entries) == 3  # the turn replaced the history
 
 
 def test_bad_sizes_are_refused() -> None:

@@ -95,7 +95,7 @@ def token_array(ids: Sequence[Any] | np.ndarray) -> np.ndarray:  # [tokens] int3
     OverflowError for what is not a flat list of ids in int32's range; what numpy converts
     leniently (a float id) only moves a routing hint, since the backend validates the request
     itself."""
-    array = np.array(ids, dtype=np.int64)
+    array = np.asarray(ids, dtype=np.int64)  # an int64 array as is, no copy
     if array.ndim != 1:
         raise ValueError("not a flat list of token ids")
     if len(array) and (array.min() < 0 or array.max() > np.iinfo(np.int32).max):
