@@ -59,6 +59,40 @@ static inline int64_t key_row(const int32_t *table, int64_t j, int block_size) {
     return (int64_t)table[j / block_size] * block_size + j % block_size;
 }
 
+/* ov[g][d0 .. d0 + DB) += sum over keys j in order of p[g][j] * v_j[d0 .. d0 + DB), for heads
+ * g < GB: the same fused multiply-adds, in the same order for each lane, as key by key over
+ * all heads and chunks, but with the GB x DB sums in registers (GB * DB <= 8). `p` rows are
+ * `p_stride` apart; `rows[j]` is key j's value row (element offset); `ov` is [GB][MAX_D / 8]. */
+static inline __attribute__((always_inline)) void values_block_n(
+    const int GB, const int DB, const void *v_cache, int kv_bf16, const int64_t *rows, int n,
+    const float *p, int p_stride, int d0, __m256 (*ov)[MAX_D / 8]) {
+    __m256 acc[4][8];
+    for (int g = 0; g < GB; g++)
+        for (int dd = 0; dd < DB; dd++) acc[g][dd] = ov[g][d0 + dd];
+    for (int j = 0; j < n; j++) {
+        __m256 v[8];
+        for (int dd = 0; dd < DB; dd++) v[dd] = load8(v_cache, rows[j] + 8 * (d0 + dd), kv_bf16);
+        for (int g = 0; g < GB; g++) {
+            const __m256 weight = _mm256_broadcast_ss(p + g * p_stride + j);
+            for (int dd = 0; dd < DB; dd++) acc[g][dd] = _mm256_fmadd_ps(weight, v[dd], acc[g][dd]);
+        }
+    }
+    for (int g = 0; g < GB; g++)
+        for (int dd = 0; dd < DB; dd++) ov[g][d0 + dd] = acc[g][dd];
+}
+
+/* values_block_n with GB and DB as compile-time constants (so its sums stay in registers). */
+static void values_block(int gb, int db, const void *v_cache, int kv_bf16, const int64_t *rows,
+                         int n, const float *p, int p_stride, int d0, __m256 (*ov)[MAX_D / 8]) {
+#define VALUES_BLOCK(G_, D_) \
+    if (gb == G_ && db == D_) \
+        return values_block_n(G_, D_, v_cache, kv_bf16, rows, n, p, p_stride, d0, ov);
+    VALUES_BLOCK(4, 2) VALUES_BLOCK(4, 1) VALUES_BLOCK(2, 4) VALUES_BLOCK(2, 2)
+    VALUES_BLOCK(2, 1) VALUES_BLOCK(1, 8) VALUES_BLOCK(1, 4) VALUES_BLOCK(1, 2)
+    VALUES_BLOCK(1, 1)
+#undef VALUES_BLOCK
+}
+
 void wa_windowed_attention(const void *q, int q_bf16, int64_t q_tok, int64_t q_head,
                            const void *k_cache, const void *v_cache, int kv_bf16,
                            const int32_t *block_tables, int64_t bt_row, const int32_t *seq_of,
@@ -70,6 +104,7 @@ void wa_windowed_attention(const void *q, int q_bf16, int64_t q_tok, int64_t q_h
 #pragma omp parallel num_threads(num_threads)
     {
         float *scores = malloc(sizeof(float) * (size_t)G * ((size_t)window + 8));
+        int64_t *rows = malloc(sizeof(int64_t) * (size_t)window); /* a row's values, in the pool */
         __m256 qv[MAX_GROUP][MAX_D / 8];
         __m256 ov[MAX_GROUP][MAX_D / 8];
         float kwide[8][MAX_D]; /* 8 bf16 keys widened once for all the group's heads */
@@ -136,14 +171,19 @@ void wa_windowed_attention(const void *q, int q_bf16, int64_t q_tok, int64_t q_h
                 sum[g] = hsum8(l);
                 for (int d = 0; d < D / 8; d++) ov[g][d] = _mm256_setzero_ps();
             }
-            for (int j = 0; j < n; j++) { /* values, key by key */
-                const int64_t row = key_row(table, lo + j, block_size) * num_kv_heads + h;
-                for (int d = 0; d < D / 8; d++) {
-                    const __m256 v = load8(v_cache, row * D + 8 * d, kv_bf16);
-                    for (int g = 0; g < G; g++)
-                        ov[g][d] = _mm256_fmadd_ps(_mm256_set1_ps(scores[g * (window + 8) + j]),
-                                                   v, ov[g][d]);
+            for (int j = 0; j < n; j++) /* the values' pool rows */
+                rows[j] = (key_row(table, lo + j, block_size) * num_kv_heads + h) * D;
+            /* values, key by key, in blocks of heads x 8-lane chunks held in registers */
+            for (int g0 = 0; g0 < G;) {
+                const int gb = G - g0 >= 4 ? 4 : G - g0 >= 2 ? 2 : 1;
+                for (int d0 = 0; d0 < D / 8;) {
+                    int db = gb == 4 ? 2 : gb == 2 ? 4 : 8;
+                    while (db > D / 8 - d0) db /= 2;
+                    values_block(gb, db, v_cache, kv_bf16, rows, n, scores + g0 * (window + 8),
+                                 window + 8, d0, &ov[g0][0]);
+                    d0 += db;
                 }
+                g0 += gb;
             }
             for (int g = 0; g < G; g++) {
                 const __m256 inv = _mm256_set1_ps(1.0f / sum[g]);
@@ -159,5 +199,6 @@ void wa_windowed_attention(const void *q, int q_bf16, int64_t q_tok, int64_t q_h
             }
         }
         free(scores);
+        free(rows);
     }
 }
