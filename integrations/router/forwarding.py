@@ -108,13 +108,18 @@ async def open_response(
         return Response(first, upstream.status, _response_headers(upstream))
 
     async def relay() -> AsyncIterator[bytes]:
+        whole = False
         try:
             if first:
                 yield first
             async for chunk in upstream.content.iter_any():
                 yield chunk
+            whole = True
         finally:
-            upstream.close()
+            if whole:  # read to its end: the connection goes back to the pool
+                upstream.release()
+            else:  # abandoned (the client left): closing it aborts the backend's request
+                upstream.close()
             on_finished()
 
     return StreamingResponse(relay(), upstream.status, _response_headers(upstream))
