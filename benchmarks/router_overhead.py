@@ -15,8 +15,7 @@ Part B (real processes): one ``prefixcache serve`` on a small random model that 
 context (block size 16, KV events on) and ``prefixcache router`` in front of it; the prompt is
 cached first, then streamed requests (``max_tokens: 1``) alternate direct / routed, pair by
 pair, and the router's added TTFT is the median of the pairs' differences: the same prompt
-resent, then prompts with a new last block each call. Each stream is read to its end after
-its first chunk, so both paths reuse their open connections, as an OpenAI client does.
+resent, then prompts with a new last block each call (the router hashes them whole again).
 """
 
 from __future__ import annotations
@@ -161,21 +160,15 @@ def chat_tokenization_cost(tokens: int) -> dict[str, Any] | None:
 
 # ---------------------------------------------------------------------- part B: proxy hop
 def streamed_ttft(client: httpx.Client, url: str, body: bytes) -> tuple[float, str]:
-    """Seconds to the first streamed chunk, and the backend that answered. The stream is then
-    read to its end, as an OpenAI client reads it, so the connections (client to router,
-    router to backend, client to backend) stay open for the next call on both paths."""
     started = time.perf_counter()
     headers = {"content-type": "application/json"}
-    ttft = None
     with client.stream("POST", f"{url}/v1/completions", content=body, headers=headers) as reply:
         if reply.status_code != 200:
             raise RuntimeError(f"{url}: {reply.status_code} {reply.read().decode()[:500]}")
         for line in reply.iter_lines():
-            if ttft is None and line.startswith("data: {"):
-                ttft = time.perf_counter() - started
-        if ttft is None:
-            raise RuntimeError("no chunk streamed")
-        return ttft, reply.headers.get("x-prefixcache-backend", "")
+            if line.startswith("data: {"):
+                return time.perf_counter() - started, reply.headers.get("x-prefixcache-backend", "")
+    raise RuntimeError("no chunk streamed")
 
 
 def proxy_overhead(tokens: int, pairs: int) -> dict[str, Any]:
