@@ -1,5 +1,5 @@
 """One request's caps (prompts, prompt tokens, body bytes): 4xx naming the limit beyond them,
-and within them no request stalls the event loop: /health answers in under half a second
+and within them no request stalls the event loop: /health answers within HEALTH_BOUND_S
 while the largest allowed requests are in flight."""
 
 from __future__ import annotations
@@ -21,7 +21,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 from health_probe import HealthProbe
 
 MAX_MODEL_LEN = 512  # the tiny model's context length
-HEALTH_BOUND_S = 0.5
+# /health answers in milliseconds here when the machine is idle; on two cores shared with the
+# test client and a busy host it has taken 0.77 s. A loop held by a large request's parse and
+# tokenization would hold it for seconds.
+HEALTH_BOUND_S = 2.0
 
 
 @pytest.fixture(scope="module")
