@@ -3,8 +3,10 @@
 ``open_response`` returns the client's response only after the backend sent its status and,
 for a stream, its first chunk; until then any failure raises ``BackendUnavailable`` and the
 router may try another backend with nothing sent to the client, so a request is never lost
-or answered twice. Bytes pass through unchanged, chunk by chunk, status and headers too;
-a client that disconnects closes the backend's stream (which aborts the request there).
+or answered twice. Bytes pass through unchanged, status and headers too; a stream is passed
+on as the backend's chunks arrive, cut at event boundaries. A client that disconnects closes
+the backend's stream (which aborts the request there); a backend that fails mid-stream ends
+the client's stream with an OpenAI error event (an event it cut short is dropped).
 
 The hop runs on aiohttp's client (its HTTP parser is compiled): a 150 KB request streamed to
 a backend and its first chunk back cost ~0.4 ms there against ~1 ms on httpx's.
@@ -13,10 +15,14 @@ a backend and its first chunk back cost ~0.4 ms there against ~1 ms on httpx's.
 from __future__ import annotations
 
 import asyncio
+import json
+import logging
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 
 import aiohttp
 from starlette.responses import Response, StreamingResponse
+
+logger = logging.getLogger(__name__)
 
 RETRY_STATUSES = frozenset({429, 502, 503, 504})
 """Statuses another backend may not give: overloaded, draining or gone."""
@@ -71,6 +77,26 @@ def _response_headers(response: aiohttp.ClientResponse) -> dict[str, str]:
 _TRANSPORT_ERRORS = (aiohttp.ClientError, asyncio.TimeoutError, OSError)
 
 
+def _split_events(data: bytes) -> tuple[bytes, bytes]:
+    """``data`` cut after its last whole server-sent event (a blank line ends one: LF, CRLF or
+    CR line ends): (whole events, the rest)."""
+    end = 0
+    for blank in (b"\n\n", b"\r\n\r\n", b"\r\r"):
+        at = data.rfind(blank)
+        if at >= 0:
+            end = max(end, at + len(blank))
+    return data[:end], data[end:]
+
+
+def _stream_failure(error: BaseException) -> bytes:
+    """What a client gets when the backend's stream breaks (after the whole events it sent;
+    an event cut short is dropped): an OpenAI error event, as our server sends one for a
+    request that fails mid-stream, then ``[DONE]``."""
+    body = {"error": {"message": f"the backend failed mid-stream ({type(error).__name__})",
+                      "type": "server_error", "param": None, "code": "backend_failed"}}
+    return b"data: " + json.dumps(body).encode() + b"\n\ndata: [DONE]\n\n"
+
+
 async def open_response(
     session: aiohttp.ClientSession,
     url: str,
@@ -109,12 +135,21 @@ async def open_response(
 
     async def relay() -> AsyncIterator[bytes]:
         whole = False
+        pending = b""  # the start of an event not yet whole: held back until it is
         try:
-            if first:
-                yield first
+            ready, pending = _split_events(first)
+            if ready:
+                yield ready
             async for chunk in upstream.content.iter_any():
-                yield chunk
+                ready, pending = _split_events(pending + chunk)
+                if ready:
+                    yield ready
+            if pending:
+                yield pending
             whole = True
+        except _TRANSPORT_ERRORS as error:  # the backend failed mid-stream
+            logger.warning("%s failed mid-stream: %s: %s", url, type(error).__name__, error)
+            yield _stream_failure(error)
         finally:
             if whole:  # read to its end: the connection goes back to the pool
                 upstream.release()
