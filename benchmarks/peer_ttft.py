@@ -34,7 +34,6 @@ import json
 import os
 import platform
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -53,6 +52,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from bench_report import write_json
 from peer_model import export_hf_folder
 
+from prefixcache.integrations.server.server_process import free_port
 from prefixcache.kernels.cpu.kernel_choice import cpu_model
 
 _TEXT = (
@@ -117,12 +117,6 @@ def sessions(rng: np.random.Generator) -> tuple[list[Request], list[Session]]:
         for t in range(4) for session in pair
     ]  # fmt: skip
     return requests, pair
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @contextmanager

@@ -25,7 +25,6 @@ from typing import Any
 import httpx
 import numpy as np
 from bench_report import write_json
-from serve_process import free_port, launch, stop
 
 from prefixcache.integrations.bench.token_source import TokenRange
 from prefixcache.integrations.bench.workload_agent import AgentConfig, build_agent
@@ -33,6 +32,7 @@ from prefixcache.integrations.router.app import RouterConfig, build_router_app
 from prefixcache.integrations.router.forwarding import ROUTED_TO_HEADER
 from prefixcache.integrations.router.prompt_tokenizer import PromptTokenizer
 from prefixcache.integrations.server import BackgroundServer
+from prefixcache.integrations.server.server_process import free_port, launch, stop
 from prefixcache.kernels.cpu.kernel_choice import cpu_model
 
 SMOLLM2_VOCAB = 49152

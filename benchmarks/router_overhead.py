@@ -33,13 +33,13 @@ import httpx
 import msgspec
 import numpy as np
 from bench_report import write_json
-from serve_process import free_port, launch, stop
 
 from prefixcache import PrefixCache
 from prefixcache.integrations.router.prefix_indexes import PrefixIndexes
 from prefixcache.integrations.router.request_body import BodyParser
 from prefixcache.integrations.router.request_tokens import token_array
 from prefixcache.integrations.router.scoring import CostModel, RoutingPolicy
+from prefixcache.integrations.server.server_process import free_port, launch, stop
 from prefixcache.kernels.cpu.kernel_choice import cpu_model
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))

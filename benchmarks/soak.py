@@ -31,7 +31,6 @@ import importlib.metadata
 import os
 import platform
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -46,16 +45,12 @@ sys.path.insert(0, str(Path(__file__).parent))
 from bench_report import write_json
 from soak_workload import Case, Workload
 
+from prefixcache.integrations.server.server_process import free_port
+
 LEFT = "left"  # outcome of a request whose client closed the connection on purpose
 
 
 # ------------------------------------------------------------------ the server process
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 def rss_bytes(pid: int) -> int:
     """Resident memory of ``pid`` and its descendants (``VmRSS``), in bytes; 0 once gone."""
     total, pending = 0, [pid]

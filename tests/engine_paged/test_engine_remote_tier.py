@@ -5,7 +5,6 @@ value is a miss; a store that dies mid-run costs misses, never an error or a han
 from __future__ import annotations
 
 import shutil
-import socket
 import subprocess
 import time
 from collections.abc import Iterator
@@ -17,6 +16,7 @@ from step_logits import record_step_logits
 
 from prefixcache.engine.llm import LLM
 from prefixcache.engine.sampling_params import SamplingParams
+from prefixcache.integrations.server.server_process import free_port
 
 GREEDY = SamplingParams(max_tokens=5, temperature=0.0, ignore_eos=True)
 DOCS = [[(11 * i + 7 * k) % 290 + 3 for i in range(64)] for k in range(3)]
@@ -24,12 +24,6 @@ QUESTION = [7, 8, 9]
 
 pytestmark = pytest.mark.skipif(shutil.which("redis-server") is None,
                                 reason="redis-server is not installed")  # fmt: skip
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 @pytest.fixture

@@ -4,8 +4,6 @@ calls. (A uniquely named module: ``conftest`` names clash across test folders.)"
 from __future__ import annotations
 
 import os
-import socket
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -24,29 +22,8 @@ SERVED_NAME = "tiny-llama"
 CLI = [sys.executable, "-m", "prefixcache.integrations.cli"]  # `prefixcache` in a subprocess
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 def subprocess_env() -> dict[str, str]:
     return {**os.environ, "PYTHONUNBUFFERED": "1"}
-
-
-def wait_for_health(process: subprocess.Popen, url: str, deadline_s: float = 90.0) -> None:
-    """Until ``url`` answers 200; AssertionError (with the server's stderr) if the process
-    exits first or the deadline passes."""
-    end = time.monotonic() + deadline_s
-    while time.monotonic() < end:
-        assert process.poll() is None, process.communicate()[1]
-        try:
-            if httpx.get(url, timeout=2).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.2)
-    raise AssertionError("the server did not become healthy")
 
 
 def make_llm(folder: Path, num_blocks: int = 256, block_size: int = 4) -> LLM:

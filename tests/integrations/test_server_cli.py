@@ -10,11 +10,12 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
-from integration_helpers import CLI, free_port, subprocess_env, wait_for_health
+from integration_helpers import CLI, subprocess_env
 from typer.testing import CliRunner
 
 from prefixcache.integrations.cli import build_app
 from prefixcache.integrations.cli_serve import LogLevel
+from prefixcache.integrations.server.server_process import free_port, wait_until_healthy
 
 
 def test_serve_command_runs_a_keyed_server(tiny_chat_dir: Path) -> None:
@@ -28,7 +29,7 @@ def test_serve_command_runs_a_keyed_server(tiny_chat_dir: Path) -> None:
     )
     try:
         base = f"http://127.0.0.1:{port}"
-        wait_for_health(process, f"{base}/health")
+        wait_until_healthy(process, base, 90)
         client = openai.OpenAI(base_url=f"{base}/v1", api_key="secret", max_retries=0)
         reply = client.chat.completions.create(
             model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=3)

@@ -12,14 +12,9 @@ import time
 from pathlib import Path
 
 import httpx
-from integration_helpers import (
-    CLI,
-    SERVED_NAME,
-    counter_value,
-    free_port,
-    subprocess_env,
-    wait_for_health,
-)
+from integration_helpers import CLI, SERVED_NAME, counter_value, subprocess_env
+
+from prefixcache.integrations.server.server_process import free_port, wait_until_healthy
 
 PROMPTS = [" ".join(f"d{k}w{i % 13}" for i in range(24)) for k in range(6)]
 
@@ -45,7 +40,7 @@ def test_sigkill_mid_write_then_restart(tiny_chat_dir: Path, tmp_path: Path) -> 
     base = f"http://127.0.0.1:{port}"
     server = serve(tiny_chat_dir, disk, port)
     try:
-        wait_for_health(server, f"{base}/health")
+        wait_until_healthy(server, base, 90)
         first = [complete(base, p) for p in PROMPTS[:3]]
         end = time.monotonic() + 30  # the writer runs in the background: until records land
         while not list(disk.rglob("*.kvb")):
@@ -68,7 +63,7 @@ def test_sigkill_mid_write_then_restart(tiny_chat_dir: Path, tmp_path: Path) -> 
     (store / ".tmp-killed-here").write_bytes(b"PCKV1\n")
     server = serve(tiny_chat_dir, disk, port)
     try:
-        wait_for_health(server, f"{base}/health")
+        wait_until_healthy(server, base, 90)
         again = [complete(base, p) for p in PROMPTS[:3]]
         stats = httpx.get(f"{base}/v1/cache/stats", timeout=10).json()
         metrics = httpx.get(f"{base}/metrics", timeout=10).text

@@ -14,8 +14,10 @@ from pathlib import Path
 
 import httpx
 import pytest
-from integration_helpers import CLI, free_port, subprocess_env, wait_for_health
+from integration_helpers import CLI, subprocess_env
 from tiny_model_factory import make_tiny_model_dir
+
+from prefixcache.integrations.server.server_process import free_port, wait_until_healthy
 
 CONTEXT = 32768
 SHUTDOWN_TIMEOUT_S = 15.0
@@ -77,7 +79,7 @@ def serve(long_context_dir: Path) -> Iterator[callable]:
             env=subprocess_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         processes.append(process)
         base = f"http://127.0.0.1:{port}"
-        wait_for_health(process, f"{base}/health")
+        wait_until_healthy(process, base, 90)
         return process, base
 
     yield start

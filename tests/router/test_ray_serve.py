@@ -5,7 +5,6 @@ answers equal an uncached engine's; streams and errors pass through."""
 from __future__ import annotations
 
 import json
-import socket
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -22,6 +21,7 @@ from prefixcache.engine.llm import LLM
 from prefixcache.engine.sampling_params import SamplingParams
 from prefixcache.integrations.ray import prefixcache_app
 from prefixcache.integrations.ray.replica import REPLICA_HEADER
+from prefixcache.integrations.server.server_process import free_port
 
 CHATML = (
     "{% for message in messages %}<|im_start|>{{ message['role'] }}\n"
@@ -29,12 +29,6 @@ CHATML = (
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
 LLM_OPTIONS = {"dtype": "float32", "num_blocks": 512, "block_size": 4}
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -20,16 +19,11 @@ from tiny_model_factory import make_tiny_model_dir
 from prefixcache.integrations.router.app import RouterConfig, build_router_app
 from prefixcache.integrations.router.forwarding import ROUTED_TO_HEADER
 from prefixcache.integrations.server import BackgroundServer
+from prefixcache.integrations.server.server_process import free_port, launch, stop
 
 CHATML = ("{% for message in messages %}<|im_start|>{{ message['role'] }}\n"
           "{{ message['content'] }}<|im_end|>\n{% endfor %}"
           "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")  # fmt: skip
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 class ServeProcess:
@@ -48,18 +42,8 @@ class ServeProcess:
                    "--kv-events", f"tcp://127.0.0.1:{self.events_port}",
                    "--log-level", "warning"]  # fmt: skip
         environment = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        self.process = subprocess.Popen(command, env=environment, stdout=subprocess.DEVNULL,
-                                        stderr=subprocess.PIPE)  # fmt: skip
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            assert self.process.poll() is None, self.process.communicate()[1]
-            try:
-                if httpx.get(f"{self.url}/health", timeout=2).status_code == 200:
-                    return self
-            except httpx.TransportError:
-                pass
-            time.sleep(0.1)
-        raise AssertionError("the backend did not start")
+        self.process = launch(command, self.url, environment, timeout_s=120)
+        return self
 
     def kill(self) -> None:
         assert self.process is not None
@@ -67,12 +51,8 @@ class ServeProcess:
         self.process.wait(30)
 
     def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.send_signal(signal.SIGINT)
-            try:
-                self.process.wait(30)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
+        if self.process is not None:
+            stop(self.process, grace_s=30)
 
 
 @pytest.fixture(scope="module")
