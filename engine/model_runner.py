@@ -88,7 +88,7 @@ class PagedAttention:
         self.layer_windows = tuple(layer_windows)
         self.softcap = softcap
         self._step: PagedStep | None = None
-        self._rows: tuple[torch.Tensor, ...] | None = None  # see _window_rows
+        self._window_rows: WindowStep | None = None  # see _window_step
 
     def paged_step(self, layer_idx: int) -> tuple[PagedStep, torch.Tensor, torch.Tensor] | None:
         """The step's inputs for the fused CPU decoder layer with layer ``layer_idx``'s K and V
@@ -125,14 +125,16 @@ class PagedAttention:
         return self._step, k_cache, self.kv.v[layer_idx]
 
     def _window_step(self) -> WindowStep | None:
-        """The sliding layers' inputs for the fused layers (in slots for a hybrid cache), or
-        None when no layer slides."""
-        if all(window is None for window in self.layer_windows):
-            return None
-        meta = self.sliding_meta if self.sliding_meta is not None else self.meta
-        return window_step(meta.slot_mapping, meta.positions, meta.decode_block_tables,
-                           meta.prefill_block_tables, meta.prefill_query_start_loc,
-                           meta.sample_block_tables, meta.sample_seq_lens)  # fmt: skip
+        """The sliding layers' rows and tables (in slots for a hybrid cache), once a step for
+        every sliding layer, fused or not; None when no layer slides."""
+        if self._window_rows is None and any(w is not None for w in self.layer_windows):
+            meta = self.sliding_meta if self.sliding_meta is not None else self.meta
+            self._window_rows = window_step(
+                meta.slot_mapping, meta.positions, meta.decode_block_tables,
+                meta.prefill_block_tables, meta.prefill_query_start_loc,
+                meta.sample_block_tables, meta.sample_seq_lens,
+            )  # fmt: skip
+        return self._window_rows
 
     def __call__(
         self,
@@ -153,7 +155,7 @@ class PagedAttention:
         if (window is not None and self.softcap is None and k_scale is None
                 and get_kernel_backend() == "auto" and windowed_attention_supports(q, k_cache)):
             # every row over its own window, read from the pool it was just stored in
-            return self._windowed(q, k_cache, v_cache, meta, window, query_rows is not None)
+            return self._windowed(q, k_cache, v_cache, window, query_rows is not None)
         if k_scale is not None:
             # a quantized pool: the new tokens attend to their own keys and values as stored,
             # as every later step (and a request that finds them cached) will, so whether a
@@ -202,40 +204,18 @@ class PagedAttention:
         return torch.cat([decode, prefill])
 
     def _windowed(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                  meta: AttentionMetadata, window: int, sampled: bool) -> torch.Tensor:
+                  window: int, sampled: bool) -> torch.Tensor:
         """The compiled sliding-window attention of the step's rows (``sampled``: of the
-        sampled rows only, ``q`` holding theirs): decode rows over the decode tables, prefill
-        rows over the prefill tables."""
-        decode_seqs, prefill_seqs, sample_seqs, sample_positions = self._window_rows()
+        sampled rows only, ``q`` holding theirs), each over its sequence's row of the step's
+        window tables (``WindowStep``, the same the fused layers read)."""
+        rows = self._window_step()
+        assert rows is not None  # a layer has this window
         if sampled:
-            return windowed_attention_cpu(q, k_cache, v_cache, meta.sample_block_tables,
-                                          sample_seqs, sample_positions, window, self.scale)
-        split = meta.num_decode_tokens
-        parts = []
-        if split:
-            parts.append(windowed_attention_cpu(
-                q[:split], k_cache, v_cache, meta.decode_block_tables, decode_seqs,
-                meta.positions[:split], window, self.scale))  # fmt: skip
-        if split < q.shape[0]:
-            parts.append(windowed_attention_cpu(
-                q[split:], k_cache, v_cache, meta.prefill_block_tables, prefill_seqs,
-                meta.positions[split:], window, self.scale))  # fmt: skip
-        return parts[0] if len(parts) == 1 else torch.cat(parts)
-
-    def _window_rows(self) -> tuple[torch.Tensor, ...]:
-        """Each row's sequence (its block-table row) for the decode rows, the prefill rows and
-        the sampled rows, and the sampled rows' positions: once a step, for every layer (the
-        logical and the slot metadata share them)."""
-        if self._rows is None:
-            meta = self.meta
-            counts = meta.prefill_query_start_loc.diff().long()
-            self._rows = (
-                torch.arange(meta.num_decode_tokens, dtype=torch.int32),
-                torch.repeat_interleave(torch.arange(counts.numel(), dtype=torch.int32), counts),
-                torch.arange(meta.sample_rows.numel(), dtype=torch.int32),
-                meta.sample_seq_lens.to(torch.int64) - 1,
-            )
-        return self._rows
+            return windowed_attention_cpu(q, k_cache, v_cache, rows.sample_block_tables,
+                                          rows.sample_seq_of, rows.sample_positions, window,
+                                          self.scale)  # fmt: skip
+        return windowed_attention_cpu(q, k_cache, v_cache, rows.block_tables, rows.seq_of,
+                                      rows.positions, window, self.scale)
 
     def _window(self, layer_idx: int) -> int | None:
         windows = self.layer_windows
