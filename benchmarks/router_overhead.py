@@ -12,10 +12,12 @@ the local tokenization of the resent conversation (``PromptTokenizer``, SmolLM2'
 Decisions are started on a 200/s clock and timed from their scheduled start.
 
 Part B (real processes): one ``prefixcache serve`` on a small random model that takes a 32K
-context (block size 16, KV events on) and ``prefixcache router`` in front of it; the prompt is
-cached first, then streamed requests (``max_tokens: 1``) alternate direct / routed, pair by
-pair, and the router's added TTFT is the median of the pairs' differences: the same prompt
-resent, then prompts with a new last block each call (the router hashes them whole again).
+context (block size 16, KV events on), ``prefixcache router`` in front of it and, beside it, a
+bare proxy (``bare_proxy.py``: the router's forwarding with no decision); the prompt is cached
+first, then streamed requests (``max_tokens: 1``) go direct / bare / routed in turn, and the
+router's added TTFT is the median of the differences, request by request: the same prompt
+resent, then prompts with a new last block each call. Routed - bare is the router's own cost
+(parse, index, policy); bare - direct the extra hop any proxy in Python adds on these cores.
 """
 
 from __future__ import annotations
@@ -171,26 +173,43 @@ def streamed_ttft(client: httpx.Client, url: str, body: bytes) -> tuple[float, s
     raise RuntimeError("no chunk streamed")
 
 
+def router_decisions(client: httpx.Client, url: str) -> tuple[float, float]:
+    """The router's own decision histogram so far: (seconds summed, decisions)."""
+    sums = {}
+    for line in client.get(f"{url}/metrics").text.splitlines():
+        if line.startswith("prefixcache_router_decision_seconds_"):
+            name, value = line.split()
+            sums[name.rsplit("_", 1)[1]] = float(value)
+    return sums["sum"], sums["count"]
+
+
 def proxy_overhead(tokens: int, pairs: int) -> dict[str, Any]:
+    """Streamed TTFT of the same request direct, through a bare proxy (``bare_proxy.py``: the
+    router's forwarding, no decision) and through the router, one after the other, ``pairs``
+    times: first the same prompt resent, then prompts with a new last block each call. A
+    warm-up round of each kind runs first, untimed, so the router's memos are full as under
+    steady traffic."""
     from tiny_model_factory import make_tiny_model_dir
 
     environment = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
     with tempfile.TemporaryDirectory() as folder:
         model = make_tiny_model_dir(Path(folder), "llama", max_position_embeddings=tokens + 64)
-        serve_port, router_port = free_port(), free_port()
-        serve_url, router_url = f"http://127.0.0.1:{serve_port}", f"http://127.0.0.1:{router_port}"
-        blocks = tokens // BLOCK_SIZE + 4 * pairs + 64  # room for every new tail
+        ports = free_port(), free_port(), free_port()
+        serve_url, router_url, bare_url = (f"http://127.0.0.1:{port}" for port in ports)
+        blocks = tokens // BLOCK_SIZE + 8 * pairs + 64  # room for every new tail
         server = launch([sys.executable, "-m", "prefixcache.integrations.cli", "serve",
-                        "--model", str(model), "--port", str(serve_port), "--dtype", "float32",
+                        "--model", str(model), "--port", str(ports[0]), "--dtype", "float32",
                         "--num-blocks", str(blocks), "--block-size", str(BLOCK_SIZE),
                         "--served-model-name", "tiny", "--log-level", "warning",
                         "--max-model-len", str(tokens + 64),
                         "--kv-events", f"tcp://127.0.0.1:{free_port()}"], serve_url, environment)
-        router = None
+        proxies = []
         try:
-            router = launch([sys.executable, "-m", "prefixcache.integrations.cli", "router",
-                            "--port", str(router_port), "--backend", serve_url,
-                            "--log-level", "warning"], router_url, environment)
+            proxies.append(launch([sys.executable, "-m", "prefixcache.integrations.cli",
+                                   "router", "--port", str(ports[1]), "--backend", serve_url,
+                                   "--log-level", "warning"], router_url, environment))
+            proxies.append(launch([sys.executable, str(Path(__file__).parent / "bare_proxy.py"),
+                                   str(ports[2]), serve_url], bare_url, environment))
             rng = np.random.default_rng(3)
             prompt = rng.integers(1, 384, tokens).tolist()
 
@@ -198,42 +217,59 @@ def proxy_overhead(tokens: int, pairs: int) -> dict[str, Any]:
                 return json.dumps({"model": "tiny", "prompt": ids, "max_tokens": 1,
                                    "stream": True}).encode()  # fmt: skip
 
+            def new_tail() -> bytes:
+                return request(prompt[:-BLOCK_SIZE] + rng.integers(1, 384, BLOCK_SIZE).tolist())
+
             body = request(prompt)
-            new_tails = [request(prompt[:-BLOCK_SIZE] + rng.integers(1, 384, BLOCK_SIZE).tolist())
-                         for _ in range(2 * pairs)]  # fmt: skip
+            paths = {"direct": serve_url, "bare": bare_url, "routed": router_url}
+            resent: dict[str, list[float]] = {name: [] for name in paths}
+            fresh: dict[str, list[float]] = {name: [] for name in paths}
             with httpx.Client(timeout=600) as client:
                 cold, _ = streamed_ttft(client, router_url, body)
                 time.sleep(0.5)  # the stored blocks' events reach the router's index
-                direct, routed = [], []
+                for _ in range(pairs):  # warm-up
+                    for url in paths.values():
+                        streamed_ttft(client, url, body)
+                        streamed_ttft(client, url, new_tail())
+                decided = [router_decisions(client, router_url)]
                 for _ in range(pairs):
-                    direct.append(streamed_ttft(client, serve_url, body)[0])
-                    ttft, backend = streamed_ttft(client, router_url, body)
-                    routed.append(ttft)
-                    assert backend == serve_url, backend
-                direct_new, routed_new = [], []  # a new last block each call, on both paths
-                for pair in range(pairs):
-                    direct_new.append(streamed_ttft(client, serve_url, new_tails[2 * pair])[0])
-                    routed_new.append(streamed_ttft(client, router_url,
-                                                    new_tails[2 * pair + 1])[0])  # fmt: skip
+                    for name, url in paths.items():
+                        ttft, backend = streamed_ttft(client, url, body)
+                        resent[name].append(ttft)
+                        assert name != "routed" or backend == serve_url, backend
+                decided.append(router_decisions(client, router_url))
+                for _ in range(pairs):  # a new last block each call, on every path
+                    for name, url in paths.items():
+                        fresh[name].append(streamed_ttft(client, url, new_tail())[0])
+                decided.append(router_decisions(client, router_url))
                 stats = client.get(f"{router_url}/router/stats").json()
         finally:
-            if router is not None:
-                stop(router)
+            for process in proxies:
+                stop(process)
             stop(server)
-    added = [r - d for r, d in zip(routed, direct, strict=True)]
-    added_new = [r - d for r, d in zip(routed_new, direct_new, strict=True)]
-    return {
-        "prompt_tokens": tokens, "pairs": pairs, "request_bytes": len(body),
-        "cold_ttft_s": round(cold, 3),
-        "direct_ttft_p50_ms": percentile_ms(direct, 50),
-        "routed_ttft_p50_ms": percentile_ms(routed, 50),
-        "added_ttft_p50_ms": percentile_ms(added, 50),
-        "added_ttft_p90_ms": percentile_ms(added, 90),
-        "direct_new_tail_ttft_p50_ms": percentile_ms(direct_new, 50),
-        "added_ttft_new_tail_p50_ms": percentile_ms(added_new, 50),
-        "added_ttft_new_tail_p90_ms": percentile_ms(added_new, 90),
-        "router_indexed_blocks": stats["backends"][0]["indexed_blocks"],
-    }
+
+    def gap(times: dict[str, list[float]], later: str, earlier: str) -> list[float]:
+        return [a - b for a, b in zip(times[later], times[earlier], strict=True)]
+
+    def decision_ms(phase: int) -> float:
+        (sum_a, count_a), (sum_b, count_b) = decided[phase], decided[phase + 1]
+        return round((sum_b - sum_a) / (count_b - count_a) * 1e3, 4)
+
+    result: dict[str, Any] = {"prompt_tokens": tokens, "pairs": pairs,
+                              "request_bytes": len(body), "cold_ttft_s": round(cold, 3)}
+    for prefix, times, phase in (("", resent, 0), ("new_tail_", fresh, 1)):
+        added, bare = gap(times, "routed", "direct"), gap(times, "bare", "direct")
+        result |= {
+            f"direct_{prefix}ttft_p50_ms": percentile_ms(times["direct"], 50),
+            f"routed_{prefix}ttft_p50_ms": percentile_ms(times["routed"], 50),
+            f"added_ttft_{prefix}p50_ms": percentile_ms(added, 50),
+            f"added_ttft_{prefix}p90_ms": percentile_ms(added, 90),
+            f"bare_proxy_added_ttft_{prefix}p50_ms": percentile_ms(bare, 50),
+            f"router_over_bare_{prefix}p50_ms": percentile_ms(gap(times, "routed", "bare"), 50),
+            f"decision_in_router_{prefix}mean_ms": decision_ms(phase),
+        }
+    result["router_indexed_blocks"] = stats["backends"][0]["indexed_blocks"]
+    return result
 
 
 def main() -> None:

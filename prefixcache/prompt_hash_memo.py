@@ -6,7 +6,8 @@ prompt a router hashes now mostly repeats one it hashed before. Chaining 2,048 b
 32K-token prompt, 16-token blocks) costs ~0.35 ms of Python calls; comparing the prompt with
 a remembered one is one numpy pass (~20 us). The memo keeps the tokens and hashes of the last
 ``capacity`` prompts; a new prompt is compared with the ``probes`` most recent ones that
-start with the same block, and takes the hashes of the longest common run of full blocks:
+start with the same block (after the first, only those that also have the prompt's block
+where the best so far stops), and takes the hashes of the longest common run of full blocks:
 only the blocks after it are chained. Tokens are compared, not digests, so what it returns is
 always exactly the fresh chain.
 """
@@ -55,6 +56,10 @@ class PromptHashMemo:
         for entry in reversed(self._entries):
             if entry.first_block != first:
                 continue
+            if shared:  # it can share more only if it has our block where the best stops
+                next_block = slice(shared * block_size, (shared + 1) * block_size)
+                if not np.array_equal(entry.tokens[next_block], full[next_block]):
+                    continue
             common = _common_blocks(entry.tokens, full, block_size)
             if common > shared:
                 best, shared = entry, common
@@ -84,6 +89,6 @@ class PromptHashMemo:
 def _common_blocks(held: np.ndarray, tokens: np.ndarray, block_size: int) -> int:
     """Full blocks at the start of ``tokens`` equal to ``held``'s."""
     length = min(len(held), len(tokens))
-    if np.array_equal(held[:length], tokens[:length]):
-        return length // block_size
-    return int(np.flatnonzero(held[:length] != tokens[:length])[0]) // block_size
+    differ = held[:length] != tokens[:length]
+    first = int(differ.argmax()) if length else 0
+    return (first if length and differ[first] else length) // block_size

@@ -4,7 +4,7 @@ FastAPI.
 FastAPI's request object, middleware stack and endpoint dispatch, and ``StreamingResponse``'s
 task group, cost a few tenths of a millisecond of a routed request's TTFT; here the body is
 read from ASGI messages and the backend's answer sent back as it comes (a stream by
-``_relay``). Everything else (``/v1/models``,
+``relay``). Everything else (``/v1/models``,
 ``/health``, ``/router/stats``, ``/metrics``, the lifespan that starts the router) is the
 FastAPI app's.
 """
@@ -42,7 +42,7 @@ class RoutedPaths:
                 or scope["path"] not in self.paths):  # fmt: skip
             await self.api(scope, receive, send)
             return
-        raw = await _body(receive)
+        raw = await read_body(receive)
         if raw is None:
             response: Any = JSONResponse(
                 {"error": {"message": f"the request body is over {MAX_BODY_BYTES} bytes",
@@ -51,12 +51,12 @@ class RoutedPaths:
         else:
             response = await router.route(raw, Headers(scope=scope), scope["path"])
         if isinstance(response, StreamingResponse):
-            await _relay(response, receive, send)
+            await relay(response, receive, send)
         else:
             await response(scope, receive, send)
 
 
-async def _relay(response: StreamingResponse, receive: Receive, send: Send) -> None:
+async def relay(response: StreamingResponse, receive: Receive, send: Send) -> None:
     """A streamed answer passed on chunk by chunk, as ``StreamingResponse`` would, without
     its task group (~0.2 ms before the first chunk): a client that disconnects is noticed at
     the next chunk, and the backend's stream is then closed (which aborts it there)."""
@@ -81,7 +81,7 @@ async def _disconnect(receive: Receive) -> None:
         pass
 
 
-async def _body(receive: Receive) -> bytes | None:
+async def read_body(receive: Receive) -> bytes | None:
     """The request body (None past MAX_BODY_BYTES; an early disconnect ends it)."""
     chunks, size = [], 0
     while True:
