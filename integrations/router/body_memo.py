@@ -23,6 +23,7 @@ routes by what it reads; the bytes it forwards are the client's own.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -34,9 +35,11 @@ Parse = Callable[[bytes], Any]
 
 SENTINEL = -7_306_199_341_893_845_427  # stands in for the prompt array in the other fields
 _SENTINEL_TEXT = str(SENTINEL).encode()
+_DIGITS = re.compile(rb"[0-9]+")
 _KEY = b'"prompt"'
 _SPACE = b" \t\r\n"
 _WINDOW = 256  # bytes checked before a remembered body is compared whole
+_ENOUGH = 4096  # a body sharing all but this many bytes ends the search
 
 
 @dataclass(eq=False)  # entries are found and dropped by identity
@@ -82,9 +85,11 @@ class BodyMemo:
 
     # ------------------------------------------------------------------ reuse
     def _best(self, raw: bytes) -> tuple[_Body, int] | None:
-        """The remembered body whose ids ``raw`` repeats the most of, and how many. A body can
-        share more than the best so far only if it also has ``raw``'s bytes up to where that
-        one stops: only those that have the last ``_WINDOW`` of them are compared whole."""
+        """The remembered body whose ids ``raw`` repeats the most of, and how many (the most
+        recent one, of ``probes``, that leaves at most ``_ENOUGH`` bytes to parse ends the
+        search). A body can share more than the best so far only if it also has ``raw``'s
+        bytes up to where that one stops: only those that have the last ``_WINDOW`` of them
+        are compared whole."""
         best, best_shared, common, tried = None, 0, 0, 0
         for entry in reversed(self._bodies):
             if len(raw) <= entry.start or raw[: entry.start + 1] != entry.raw[: entry.start + 1]:
@@ -97,7 +102,7 @@ class BodyMemo:
             if shared > best_shared:
                 best, best_shared, common = entry, shared, this_common
             tried += 1
-            if tried == self.probes or shared == len(entry.ids):
+            if tried == self.probes or len(raw) - common <= _ENOUGH:
                 break
         return None if best is None else (best, best_shared)
 
@@ -184,6 +189,9 @@ def _common_prefix(a: bytes, b: bytes) -> int:
 
 def _number_ends(raw: bytes, begin: int, end: int) -> np.ndarray:  # [numbers] int32
     """Offsets one past each run of digits in ``raw[begin:end]``."""
+    if end - begin <= _ENOUGH:  # a few ids: fewer calls than numpy's passes
+        found = [match.end() for match in _DIGITS.finditer(raw, begin, end)]
+        return np.array(found, dtype=np.int32)
     text = np.frombuffer(raw, np.uint8, count=end - begin, offset=begin)
     digit = (text >= ord("0")) & (text <= ord("9"))
     last = digit.copy()
