@@ -84,12 +84,12 @@ class BodyMemo:
         return body
 
     # ------------------------------------------------------------------ reuse
-    def _best(self, raw: bytes) -> tuple[_Body, int] | None:
-        """The remembered body whose ids ``raw`` repeats the most of, and how many (the most
-        recent one, of ``probes``, that leaves at most ``_ENOUGH`` bytes to parse ends the
-        search). A body can share more than the best so far only if it also has ``raw``'s
-        bytes up to where that one stops: only those that have the last ``_WINDOW`` of them
-        are compared whole."""
+    def _best(self, raw: bytes) -> tuple[_Body, int, int] | None:
+        """The remembered body whose ids ``raw`` repeats the most of, how many, and how many
+        leading bytes they share (the most recent one, of ``probes``, that leaves at most
+        ``_ENOUGH`` bytes to parse ends the search). A body can share more than the best so
+        far only if it also has ``raw``'s bytes up to where that one stops: only those that
+        have the last ``_WINDOW`` of them are compared whole."""
         best, best_shared, common, tried = None, 0, 0, 0
         for entry in reversed(self._bodies):
             if len(raw) <= entry.start or raw[: entry.start + 1] != entry.raw[: entry.start + 1]:
@@ -104,10 +104,10 @@ class BodyMemo:
             tried += 1
             if tried == self.probes or len(raw) - common <= _ENOUGH:
                 break
-        return None if best is None else (best, best_shared)
+        return None if best is None else (best, best_shared, common)
 
-    def _reuse(self, raw: bytes, entry: _Body, shared: int) -> dict[str, Any] | None:
-        if shared == len(entry.ids) and raw == entry.raw:  # resent as it was
+    def _reuse(self, raw: bytes, entry: _Body, shared: int, common: int) -> dict[str, Any] | None:
+        if common == len(raw) == len(entry.raw):  # resent as it was
             self._touch(entry)
             return self._hit({**entry.others, "prompt": entry.ids}, shared)
         after = int(entry.ends[shared - 1])  # the byte after the last reused id
