@@ -13,12 +13,13 @@ array and the other fields are parsed:
 * the array's rest: the text from the last reused id to the first ``]`` after it, parsed
   behind a placeholder id (``[0`` + rest + ``]``); it must be a flat list of integers, so
   that ``]`` is the array's own end;
-* the other fields: the body with the whole array replaced by a sentinel integer, which must
-  come back as the body's ``prompt`` (so the array is the value the full parse would read).
+* the other fields: the body with the whole array replaced by a sentinel integer. When a body
+  is first kept, the whole parse must read that sentinel as its ``prompt``, so the array found
+  is the one the whole parse reads; the same bytes lead to it in a body reusing it.
 
-Anything else (a rest that is not plain integers, a sentinel that does not come back) falls
-back to the whole parse, so ``parse`` returns what the whole parse returns. The router only
-routes by what it reads; the bytes it forwards are the client's own.
+Anything else (a rest that is not plain integers, a body that is no JSON past the shared
+bytes) falls back to the whole parse, so ``parse`` returns what the whole parse returns. The
+router only routes by what it reads; the bytes it forwards are the client's own.
 """
 
 from __future__ import annotations
@@ -56,18 +57,20 @@ class BodyMemo:
 
     ``whole`` must return a dict whose ``prompt`` is an int32 array for a body whose prompt is
     a flat list of token ids, and a list for one with ids outside int32's range. Bodies whose
-    prompt has fewer than ``min_tokens`` ids are parsed whole and not kept. The dicts returned
-    are fresh; their id arrays are read-only.
+    prompt has fewer than ``min_tokens`` ids, or that are over ``max_bytes``, are parsed whole
+    and not kept. The dicts returned are fresh, but what they hold may be shared with the
+    memo and with other results: read it only.
     """
 
     def __init__(self, whole: Parse, capacity: int = 8, probes: int = 4,
-                 min_tokens: int = 256) -> None:  # fmt: skip
+                 min_tokens: int = 256, max_bytes: int = 16 << 20) -> None:  # fmt: skip
         if capacity < 1 or probes < 1:
             raise ValueError("capacity and probes must be positive")
         self.whole = whole
         self.capacity = capacity
         self.probes = probes
         self.min_tokens = min_tokens
+        self.max_bytes = max_bytes
         self._bodies: list[_Body] = []  # most recent last
         self.hits = 0
         self.reused_tokens = 0
@@ -125,7 +128,8 @@ class BodyMemo:
         ends = np.concatenate([entry.ends[:shared], _number_ends(raw, after, close)])
         if shared == len(entry.ids):  # it extends that body, which is then no use
             self._bodies.remove(entry)
-        self._keep(_Body(raw, entry.start, ids, ends, skeleton))
+        if len(raw) <= self.max_bytes:
+            self._keep(_Body(raw, entry.start, ids, ends, skeleton))
         return self._hit({**skeleton, "prompt": ids}, shared)
 
     def _hit(self, body: dict[str, Any], shared: int) -> dict[str, Any]:
@@ -139,7 +143,8 @@ class BodyMemo:
         the array after a ``"prompt"`` key whose replacement by the sentinel makes the sentinel
         the prompt the whole parse reads (the first top-level ``prompt``)."""
         ids = body.get("prompt")
-        if not isinstance(ids, np.ndarray) or len(ids) < self.min_tokens:
+        if not isinstance(ids, np.ndarray) or len(ids) < self.min_tokens \
+                or len(raw) > self.max_bytes:  # fmt: skip
             return
         at = raw.find(_KEY)
         while at >= 0:
@@ -166,6 +171,7 @@ class BodyMemo:
     def check_invariants(self) -> None:
         assert len(self._bodies) <= self.capacity
         for entry in self._bodies:
+            assert len(entry.raw) <= self.max_bytes
             assert entry.raw[entry.start : entry.start + 1] == b"["
             assert len(entry.ends) == len(entry.ids) >= self.min_tokens
             assert not entry.ids.flags.writeable

@@ -139,6 +139,22 @@ def test_ids_past_int32_after_a_shared_start_are_no_ids() -> None:
         assert body is None or isinstance(body["prompt"], list)
 
 
+def test_bodies_over_max_bytes_are_parsed_alike_and_not_kept() -> None:
+    parser = BodyParser()
+    parser.memo.max_bytes = 3000
+    ids = list(range(300))
+    kept = json.dumps({"prompt": ids}).encode()
+    assert len(kept) < 3000 < len(kept) + 2000
+    parsed_alike(parser, kept)
+    assert len(parser.memo._bodies) == 1
+    longer = json.dumps({"prompt": ids + list(range(1000, 1300))}).encode()
+    parsed_alike(parser, longer)  # reuses the kept one, is not kept itself
+    assert parser.memo.hits == 1 and len(parser.memo._bodies) == 1
+    parser.memo._bodies.clear()
+    parsed_alike(parser, longer)
+    assert parser.memo._bodies == []
+
+
 def test_capacity_bounds_what_is_kept() -> None:
     parser = BodyParser()
     rng = random.Random(7)
