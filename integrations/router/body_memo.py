@@ -10,12 +10,13 @@ its first ``L`` bytes with one of them takes that body's ids that end before byt
 JSON parser's state at a byte depends only on the bytes before it); only the rest of the
 array and the other fields are parsed:
 
-* the array's rest: the text from the last reused id to the first ``]`` after it, parsed
-  behind a placeholder id (``[0`` + rest + ``]``); it must be a flat list of integers, so
-  that ``]`` is the array's own end;
-* the other fields: the body with the whole array replaced by a sentinel integer. When a body
-  is first kept, the whole parse must read that sentinel as its ``prompt``, so the array found
-  is the one the whole parse reads; the same bytes lead to it in a body reusing it.
+* the body with the reused ids replaced by one placeholder id (``[0`` + the rest) is parsed
+  once: its ``prompt`` must be a flat list of integers, with no ``[`` before the first ``]``
+  after the last reused id (so that ``]`` is the array's own end), and it gives the other
+  fields too;
+* when a body is first kept, its array is found by replacing it with a sentinel integer,
+  which the whole parse must read as the ``prompt``: the array found is the one the whole
+  parse reads, and the same bytes lead to it in a body reusing it.
 
 Anything else (a rest that is not plain integers, a body that is no JSON past the shared
 bytes) falls back to the whole parse, so ``parse`` returns what the whole parse returns. The
@@ -115,15 +116,15 @@ class BodyMemo:
             return self._hit({**entry.others, "prompt": entry.ids}, shared)
         after = int(entry.ends[shared - 1])  # the byte after the last reused id
         close = raw.find(b"]", after)
-        if close < 0:
+        if close < 0 or raw.find(b"[", after, close) >= 0:  # that "]" may close a nested list
             return None
-        rest = _int_array(self.whole(b'{"prompt":[0' + raw[after:close] + b"]}"))
-        if rest is None:
+        # the reused ids replaced by one placeholder id: one parse gives the array's rest
+        # (behind the placeholder) and the other fields
+        skeleton = self.whole(raw[: entry.start] + b"[0" + raw[after:])
+        rest = _int_array(skeleton)
+        if rest is None:  # not plain ids, or no JSON past the shared bytes
             return None
-        skeleton = self.whole(raw[: entry.start] + _SENTINEL_TEXT + raw[close + 1 :])
-        if not isinstance(skeleton, dict):  # not JSON past the shared bytes
-            return None
-        skeleton.pop("prompt")  # the sentinel: the same bytes lead to it as in ``entry``
+        skeleton.pop("prompt")  # the same bytes lead to it as in ``entry``
         ids = _read_only(np.concatenate([entry.ids[:shared], rest[1:]]))
         ends = np.concatenate([entry.ends[:shared], _number_ends(raw, after, close)])
         if shared == len(entry.ids):  # it extends that body, which is then no use

@@ -85,8 +85,8 @@ def test_random_edits_after_a_shared_start_parse_alike(seed: int) -> None:
             raw = bytearray(raw[:-1] + b', "prompt_cache_key": "k' + str(at).encode() + b'"}')
         else:  # something that is not an id in the array's rest
             close = raw.rindex(b"]")
-            raw[close:close] = rng.choice([b", 1.5", b", [2]", b', "a"', b", 1e3", b", {}",
-                                           b", 99999999999999999999", b", true"])  # fmt: skip
+            raw[close:close] = rng.choice([b", 1.5", b", [2]", b", [2], 3", b', "a"', b", 1e3",
+                                           b", {}", b", 99999999999999999999", b", true"])
         parsed_alike(parser, bytes(raw))
     assert parser.memo.hits > 0
 
